@@ -1,0 +1,173 @@
+//! Where locks live: one Redis server, or this process's memory. Both give the same semantics.
+
+mod memory;
+mod redis;
+
+use std::time::Duration;
+
+pub(crate) use self::memory::MemoryBackend;
+pub(crate) use self::redis::{RedisBackend, Timeouts};
+use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
+
+/// The names one lock uses in the backend. All share the hash tag `{<escaped key>}`, so in a cluster they sit
+/// in one slot; the user's key is escaped so that it cannot end the tag early or reach another lock's names.
+#[derive(Debug, Clone)]
+pub(crate) struct LockKeys {
+    /// The key as the user wrote it: the lock's identity in messages and for reentrancy.
+    pub(crate) name: String,
+    /// `<prefix>{<key>}`: the lock record (a hash: token, fence, metadata, since).
+    pub(crate) record: String,
+    /// `<prefix>{<key>}:fence`: the fencing counter, kept without expiry.
+    pub(crate) fence: String,
+    /// `<prefix>{<key>}:released`: the pub/sub channel a release is announced on.
+    pub(crate) channel: String,
+}
+
+impl LockKeys {
+    pub(crate) fn new(prefix: &str, name: String) -> Self {
+        let mut record = String::with_capacity(prefix.len() + name.len() + 2);
+        record.push_str(prefix);
+        record.push('{');
+        escape_into(&mut record, &name);
+        record.push('}');
+        let fence = format!("{record}:fence");
+        let channel = format!("{record}:released");
+        Self { name, record, fence, channel }
+    }
+}
+
+/// Percent-encodes `%`, `{` and `}`: the escaped text holds no brace, so it cannot close the hash tag, and the
+/// encoding is injective, so two keys never share a record.
+fn escape_into(out: &mut String, key: &str) {
+    for c in key.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// What one acquire attempt found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// The lock is ours, with this fencing token.
+    Granted { fence: u64 },
+    /// Someone else holds it for about this much longer (`None`: unknown, e.g. no expiry).
+    Busy { remaining: Option<Duration> },
+}
+
+/// A lock store. An enum rather than a trait object: two known backends, no allocation per call.
+#[derive(Debug)]
+pub(crate) enum Backend {
+    Redis(RedisBackend),
+    Memory(MemoryBackend),
+}
+
+/// Announcements of releases of one lock: the counter moves on every release seen, and also whenever
+/// announcements may have been missed (a reconnect). Dropping it ends this waiter's interest.
+pub(crate) struct ReleaseWatch {
+    rx: tokio::sync::watch::Receiver<u64>,
+    on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl ReleaseWatch {
+    pub(crate) fn new(rx: tokio::sync::watch::Receiver<u64>, on_drop: impl FnOnce() + Send + Sync + 'static) -> Self {
+        Self { rx, on_drop: Some(Box::new(on_drop)) }
+    }
+
+    /// Waits for an announcement not yet seen (forever, if the announcer is gone).
+    pub(crate) async fn changed(&mut self) {
+        if self.rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for ReleaseWatch {
+    fn drop(&mut self) {
+        if let Some(on_drop) = self.on_drop.take() {
+            on_drop();
+        }
+    }
+}
+
+impl std::fmt::Debug for ReleaseWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReleaseWatch").finish_non_exhaustive()
+    }
+}
+
+macro_rules! dispatch {
+    ($self:ident, $b:ident => $call:expr) => {
+        match $self {
+            Backend::Redis($b) => $call,
+            Backend::Memory($b) => $call,
+        }
+    };
+}
+
+impl Backend {
+    pub(crate) async fn acquire(
+        &self,
+        keys: &LockKeys,
+        token: &LockToken,
+        ttl: Duration,
+        metadata: &str,
+    ) -> Result<Attempt, LockError> {
+        dispatch!(self, b => b.acquire(keys, token, ttl, metadata).await)
+    }
+
+    /// Sets the lease to `ttl` from now if `token` still owns the lock; false when it does not.
+    pub(crate) async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
+        dispatch!(self, b => b.renew(keys, token, ttl).await)
+    }
+
+    /// Gives the lock back; with `keep`, leaves it held (by nobody) for that much longer instead.
+    pub(crate) async fn release(
+        &self,
+        keys: &LockKeys,
+        token: &LockToken,
+        keep: Option<Duration>,
+    ) -> Result<ReleaseOutcome, LockError> {
+        dispatch!(self, b => b.release(keys, token, keep).await)
+    }
+
+    /// The lease left, if `token` still owns the lock.
+    pub(crate) async fn remaining(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Duration>, LockError> {
+        dispatch!(self, b => b.remaining(keys, token).await)
+    }
+
+    pub(crate) async fn info(&self, keys: &LockKeys) -> Result<Option<LockInfo>, LockError> {
+        dispatch!(self, b => b.info(keys).await)
+    }
+
+    /// Deletes the lock whoever holds it and wakes its waiters; true if there was one.
+    pub(crate) async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
+        dispatch!(self, b => b.force_unlock(keys).await)
+    }
+
+    /// Starts listening for releases of the lock; resolves once announcements can no longer be missed.
+    pub(crate) async fn watch_releases(&self, keys: &LockKeys) -> Result<ReleaseWatch, LockError> {
+        dispatch!(self, b => b.watch_releases(keys).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LockKeys;
+
+    #[test]
+    fn keys_share_one_hash_tag_and_cannot_collide() {
+        let k = LockKeys::new("distlock:", "report:42".into());
+        assert_eq!(k.record, "distlock:{report:42}");
+        assert_eq!(k.fence, "distlock:{report:42}:fence");
+        assert_eq!(k.channel, "distlock:{report:42}:released");
+        // A key that tries to close the tag early, or to name another lock's counter, is escaped.
+        let evil = LockKeys::new("distlock:", "a}:fence".into());
+        assert_eq!(evil.record, "distlock:{a%7D:fence}");
+        assert_ne!(evil.record, LockKeys::new("distlock:", "a".into()).fence);
+        assert_ne!(LockKeys::new("p:", "%7B".into()).record, LockKeys::new("p:", "{".into()).record);
+    }
+}

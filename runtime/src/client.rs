@@ -1,0 +1,267 @@
+//! The client: one backend connection shared by every lock request, the global instance and scoped overrides.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use once_cell::sync::OnceCell;
+
+use crate::backend::{Backend, LockKeys, MemoryBackend, RedisBackend};
+use crate::backend::Timeouts;
+use crate::{LockError, LockRequest};
+
+/// A handle to a lock store (one Redis server, or this process's memory). Cheap to clone; clones share one
+/// connection and are the same owner for reentrancy.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+/// // `.redis("redis://127.0.0.1:6379/")` for a real server.
+/// let client = distlock::Client::builder().memory().key_prefix("myapp:").build().await?;
+/// let guard = client.lock("report:42").acquire().await?;
+/// assert_eq!(client.record_key("report:42"), "myapp:{report:42}");
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<ClientInner>,
+}
+
+pub(crate) struct ClientInner {
+    pub(crate) backend: Backend,
+    pub(crate) prefix: String,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("backend", &self.inner.backend)
+            .field("key_prefix", &self.inner.prefix)
+            .finish()
+    }
+}
+
+/// What a lock record says, as anyone can read it with [`Client::lock_info`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The text the holder attached with [`LockRequest::metadata`].
+    pub metadata: String,
+    /// The holder's fencing token.
+    pub fencing_token: u64,
+    /// How much of the holder's lease is left.
+    pub remaining_ttl: Duration,
+}
+
+impl Client {
+    /// Starts configuring a client.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// let client = distlock::Client::builder().memory().build().await?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn builder() -> ClientBuilder {
+        ClientBuilder::default()
+    }
+
+    /// A request for the lock named `key`. The name is the lock's identity: every client with the same store and
+    /// key prefix that asks for this name competes for the same lock.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// # let client = distlock::Client::builder().memory().build().await?;
+    /// use std::time::Duration;
+    /// let guard = client.lock("report:42").ttl(Duration::from_secs(60)).wait(Duration::from_secs(5)).acquire().await?;
+    /// # drop(guard); Ok(()) }
+    /// ```
+    pub fn lock(&self, key: impl Into<String>) -> LockRequest {
+        LockRequest::new(self.clone(), key.into())
+    }
+
+    /// Reads who holds `key` (its metadata, fencing token and remaining lease), or `None` when it is free.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// # let client = distlock::Client::builder().memory().build().await?;
+    /// let guard = client.lock("job").metadata("worker-7").acquire().await?;
+    /// let info = client.lock_info("job").await?.expect("held");
+    /// assert_eq!(info.metadata, "worker-7");
+    /// assert_eq!(info.fencing_token, guard.fencing_token());
+    /// # Ok(()) }
+    /// ```
+    pub async fn lock_info(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        self.inner.backend.info(&self.keys(key)).await
+    }
+
+    /// Deletes the lock `key` whoever holds it, and wakes its waiters. An operator's tool for a lock known to be
+    /// stuck; the holder finds out at its next renewal and is told the lock was lost. True if a lock was deleted.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// # let client = distlock::Client::builder().memory().build().await?;
+    /// let guard = client.lock("job").acquire().await?;
+    /// assert!(client.force_unlock("job").await?);
+    /// assert_eq!(guard.release().await?, distlock::ReleaseOutcome::Expired);
+    /// # Ok(()) }
+    /// ```
+    pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
+        self.inner.backend.force_unlock(&self.keys(key)).await
+    }
+
+    /// The backend key of the lock record for `key`: `<prefix>{<key>}`, with `%`, `{` and `}` in the key
+    /// percent-encoded so a key cannot leave its hash tag.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// # let client = distlock::Client::builder().memory().build().await?;
+    /// assert_eq!(client.record_key("a{b}"), "distlock:{a%7Bb%7D}");
+    /// # Ok(()) }
+    /// ```
+    pub fn record_key(&self, key: &str) -> String {
+        self.keys(key).record
+    }
+
+    pub(crate) fn keys(&self, key: &str) -> LockKeys {
+        LockKeys::new(&self.inner.prefix, key.to_owned())
+    }
+
+    pub(crate) fn same_owner(&self, other: &Client) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+/// Configures a [`Client`]: which store, key prefix, timeouts.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+/// use std::time::Duration;
+/// let client = distlock::Client::builder()
+///     .memory() // or .redis("redis://127.0.0.1:6379/")
+///     .key_prefix("myapp:locks:")
+///     .response_timeout(Duration::from_millis(500))
+///     .build()
+///     .await?;
+/// # drop(client); Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    store: Store,
+    prefix: String,
+    timeouts: Timeouts,
+}
+
+#[derive(Debug, Clone)]
+enum Store {
+    Unset,
+    Redis(String),
+    Memory,
+}
+
+impl Default for ClientBuilder {
+    fn default() -> Self {
+        Self {
+            store: Store::Unset,
+            prefix: "distlock:".to_owned(),
+            timeouts: Timeouts { connect: Duration::from_secs(2), response: Duration::from_secs(2) },
+        }
+    }
+}
+
+impl ClientBuilder {
+    /// Keeps locks on the Redis server at `url` (`redis://[user:password@]host[:port][/db]`, `rediss://` for
+    /// TLS, `redis+unix:///path`).
+    pub fn redis(mut self, url: impl Into<String>) -> Self {
+        self.store = Store::Redis(url.into());
+        self
+    }
+
+    /// Keeps locks in this process's memory: the same semantics, for tests and single-process programs.
+    pub fn memory(mut self) -> Self {
+        self.store = Store::Memory;
+        self
+    }
+
+    /// Prepended to every backend key this client uses. Default `"distlock:"`.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long connecting may take. Default 2 s.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.connect = timeout;
+        self
+    }
+
+    /// How long any one Redis call may take before it fails with a timeout. Default 2 s.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.response = timeout;
+        self
+    }
+
+    /// Connects (for Redis: and checks the server answers), giving a ready client.
+    pub async fn build(self) -> Result<Client, LockError> {
+        if self.timeouts.connect.is_zero() || self.timeouts.response.is_zero() {
+            return Err(LockError::InvalidConfig("connect and response timeouts must be above zero".into()));
+        }
+        let backend = match self.store {
+            Store::Unset => {
+                return Err(LockError::InvalidConfig(
+                    "no store chosen: call ClientBuilder::redis(url) or ClientBuilder::memory()".into(),
+                ))
+            }
+            Store::Redis(url) => Backend::Redis(RedisBackend::connect(&url, self.timeouts).await?),
+            Store::Memory => Backend::Memory(MemoryBackend::default()),
+        };
+        Ok(Client { inner: Arc::new(ClientInner { backend, prefix: self.prefix }) })
+    }
+}
+
+static GLOBAL: OnceCell<Client> = OnceCell::new();
+
+tokio::task_local! {
+    static SCOPED: Client;
+}
+
+/// Installs `client` as the global client that `#[distributed_lock]` functions and [`client()`] use.
+/// Call it once at startup; a second call fails with [`LockError::AlreadyInstalled`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+/// let client = distlock::Client::builder().memory().build().await?;
+/// distlock::install(client.clone())?;
+/// assert!(matches!(distlock::install(client), Err(distlock::LockError::AlreadyInstalled)));
+/// # Ok(()) }
+/// ```
+pub fn install(client: Client) -> Result<(), LockError> {
+    GLOBAL.set(client).map_err(|_| LockError::AlreadyInstalled)
+}
+
+/// The client in scope: the innermost [`with_client`] override, else the installed one, else
+/// [`LockError::NotConfigured`].
+///
+/// ```
+/// assert!(matches!(distlock::client(), Err(distlock::LockError::NotConfigured)));
+/// ```
+pub fn client() -> Result<Client, LockError> {
+    SCOPED
+        .try_with(Client::clone)
+        .ok()
+        .or_else(|| GLOBAL.get().cloned())
+        .ok_or(LockError::NotConfigured)
+}
+
+/// Runs `fut` with `client` as the client in scope, overriding the installed one (for example a per-test
+/// server). Tasks spawned inside `fut` do not inherit the override.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+/// let client = distlock::Client::builder().memory().key_prefix("test:").build().await?;
+/// let prefix = distlock::with_client(client, async { distlock::client().map(|c| c.record_key("k")) }).await?;
+/// assert_eq!(prefix, "test:{k}");
+/// # Ok(()) }
+/// ```
+pub async fn with_client<F: Future>(client: Client, fut: F) -> F::Output {
+    SCOPED.scope(client, fut).await
+}

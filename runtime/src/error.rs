@@ -1,0 +1,144 @@
+//! The one error type of the crate, and URL redaction for messages.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Everything that can go wrong when taking, keeping or giving back a lock.
+///
+/// Every variant says which lock it is about where that is known; backend errors also say which server
+/// (with any password redacted) and what to check.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let client = distlock::Client::builder().memory().build().await.unwrap();
+/// let held = client.lock("job").acquire().await.unwrap();
+/// match client.lock("job").acquire().await {
+///     Err(distlock::LockError::NotObtained { key, .. }) => assert_eq!(key, "job"),
+///     other => panic!("expected NotObtained, got {other:?}"),
+/// }
+/// # drop(held);
+/// # }
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// No client was installed with [`install`](crate::install) and none is in scope through
+    /// [`with_client`](crate::with_client).
+    #[error("no distlock client is configured: call distlock::install(client) at startup, or wrap the call in distlock::with_client(client, ..)")]
+    NotConfigured,
+    /// [`install`](crate::install) was called a second time.
+    #[error("a distlock client is already installed; install it once at startup and clone `distlock::client()` elsewhere")]
+    AlreadyInstalled,
+    /// Another holder kept the lock for the whole wait.
+    #[error("lock `{key}` is held by another owner; gave up after waiting {waited:?}")]
+    NotObtained {
+        /// The lock's key, as the caller named it.
+        key: String,
+        /// How long this request waited before giving up.
+        waited: Duration,
+    },
+    /// The lock was held but is no longer: its lease ran out before a renewal succeeded, or another owner took it.
+    #[error("lock `{key}` was lost: its lease ran out or another owner took it; the work done under it may have overlapped with another holder")]
+    Lost {
+        /// The lock's key, as the caller named it.
+        key: String,
+    },
+    /// The backend (Redis) failed or did not answer in time.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// A builder or request setting is out of range.
+    #[error("invalid distlock configuration: {0}")]
+    InvalidConfig(String),
+    /// The lock key cannot be used.
+    #[error("invalid lock key {key:?}: {reason}")]
+    InvalidKey {
+        /// The rejected key (shortened when long).
+        key: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+}
+
+/// A failed or timed-out call to the backend, with the lock and server it concerned.
+#[derive(Debug)]
+pub struct BackendError {
+    key: Option<String>,
+    server: String,
+    hint: &'static str,
+    source: redis::RedisError,
+}
+
+impl BackendError {
+    pub(crate) fn new(server: &str, key: Option<&str>, source: redis::RedisError) -> Self {
+        let hint = if source.is_timeout() {
+            "the server did not answer within the response timeout: check that it is up and not overloaded, or raise ClientBuilder::response_timeout"
+        } else if source.is_connection_refusal() || source.is_io_error() {
+            "could not reach the server: check that redis-server is running and the URL (host, port, TLS) is right"
+        } else if matches!(source.kind(), redis::ErrorKind::AuthenticationFailed) {
+            "authentication failed: check the username and password in the URL"
+        } else {
+            "the server refused the command: check the user's ACL rights (EVALSHA, EVAL, SCRIPT, PUBLISH, SUBSCRIBE, HGET, PTTL) and that the key is not used by another program"
+        };
+        Self { key: key.map(str::to_owned), server: server.to_owned(), hint, source }
+    }
+
+    /// The lock key the failed call was about, if any (a connection check is about none).
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    /// The server's URL, password redacted.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// Whether the call ran out of time rather than failing outright.
+    pub fn is_timeout(&self) -> bool {
+        self.source.is_timeout()
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.key {
+            Some(key) => write!(f, "redis call for lock `{key}` at {} failed: {}; {}", self.server, self.source, self.hint),
+            None => write!(f, "redis at {} failed: {}; {}", self.server, self.source, self.hint),
+        }
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// `scheme://user:secret@host/` → `scheme://user:***@host/`; URLs without a password are returned unchanged.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else { return url.to_owned() };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else { return url.to_owned() };
+    let userinfo = &rest[..at];
+    let user = match userinfo.find(':') {
+        Some(colon) => &userinfo[..colon],
+        // `redis://secret@host` is read by some clients as a password: hide it too.
+        None => "",
+    };
+    format!("{}{}:***{}", &url[..scheme_end + 3], user, &rest[at..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn redacts_passwords_only() {
+        assert_eq!(redact_url("redis://127.0.0.1:6379/"), "redis://127.0.0.1:6379/");
+        assert_eq!(redact_url("redis://u:pw@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact_url("rediss://:p@ss@h/"), "rediss://:***@h/");
+        assert_eq!(redact_url("redis://pw@h/"), "redis://:***@h/");
+        assert_eq!(redact_url("redis+unix:///tmp/r.sock"), "redis+unix:///tmp/r.sock");
+        assert_eq!(redact_url("not a url"), "not a url");
+    }
+}

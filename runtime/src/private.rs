@@ -1,0 +1,130 @@
+//! What `#[distributed_lock]` expands to. Not a public API: names and signatures change without notice.
+
+use std::fmt::{self, Write as _};
+
+pub use core::future::Future;
+pub use core::result::Result;
+pub use core::time::Duration;
+
+pub use crate::{LockError, OnLost};
+
+/// The settings of one annotated function, built by the macro in a `static`.
+#[derive(Debug)]
+pub struct LockSpec {
+    /// Lease length.
+    pub ttl: Duration,
+    /// How long to wait while busy.
+    pub wait: Duration,
+    /// Minimum hold, if any.
+    pub hold_at_least: Option<Duration>,
+    /// What to do when the lock is lost under the body.
+    pub on_lost: OnLost,
+    /// Stored with the lock; by default the function's path.
+    pub metadata: &'static str,
+}
+
+/// Renders a key template: text verbatim, placeholder values escaped so that distinct values never render to
+/// the same key (`a="1:2", b="3"` vs `a="1", b="2:3"`) and plain values pass unchanged.
+#[derive(Debug, Default)]
+pub struct KeyBuf {
+    key: String,
+}
+
+impl KeyBuf {
+    /// An empty key.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends template text as it is.
+    pub fn push_literal(&mut self, text: &str) {
+        self.key.push_str(text);
+    }
+
+    /// Appends a placeholder's value, formatted with `Display` and escaped.
+    pub fn push_value<T: fmt::Display + ?Sized>(&mut self, value: &T) {
+        let mut escaper = Escaper(&mut self.key);
+        // Writing into a String cannot fail; a Display impl that returns Err leaves what it wrote.
+        let _ = write!(escaper, "{value}");
+    }
+
+    /// The rendered key.
+    pub fn finish(self) -> String {
+        self.key
+    }
+}
+
+/// Percent-encodes the characters that have a meaning in keys: separators, hash tags, glob patterns, the
+/// escape character itself, and control characters.
+struct Escaper<'a>(&'a mut String);
+
+impl fmt::Write for Escaper<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        for c in s.chars() {
+            match c {
+                '%' | ':' | '{' | '}' | '*' | '?' | '[' | ']' | '\\' | '<' | '>' => {
+                    write!(self.0, "%{:02X}", u32::from(c))?;
+                }
+                c if c.is_control() => {
+                    let mut utf8 = [0u8; 4];
+                    for byte in c.encode_utf8(&mut utf8).bytes() {
+                        write!(self.0, "%{byte:02X}")?;
+                    }
+                }
+                c => self.0.push(c),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Takes `key` on the client in scope and runs `body` under it; every lock failure comes back as `E`.
+pub async fn run_locked<T, E, F>(spec: &'static LockSpec, key: String, body: F) -> Result<T, E>
+where
+    E: From<LockError>,
+    F: Future<Output = Result<T, E>>,
+{
+    let client = crate::client()?;
+    let mut request = client.lock(key).ttl(spec.ttl).wait(spec.wait).metadata(spec.metadata).on_lost(spec.on_lost);
+    if let Some(hold) = spec.hold_at_least {
+        request = request.hold_at_least(hold);
+    }
+    request.run(body).await?
+}
+
+/// Implemented for the return types an annotated function may have.
+#[diagnostic::on_unimplemented(
+    message = "a #[distributed_lock] function must return `Result<_, E>` where `E: From<distlock::LockError>`, not `{Self}`",
+    label = "the lock can fail (not configured, busy, lost, Redis down), so this must be a Result whose error converts from distlock::LockError",
+    note = "e.g. `-> Result<Report, AppError>` with `impl From<distlock::LockError> for AppError`, or `-> Result<Report, distlock::LockError>`"
+)]
+pub trait LockedReturn {}
+
+impl<T, E: From<LockError>> LockedReturn for Result<T, E> {}
+
+/// Fails to compile, with the message above, unless `R` is a valid return type.
+pub fn assert_locked_return<R: LockedReturn>() {}
+
+#[cfg(test)]
+mod tests {
+    use super::KeyBuf;
+
+    fn render(parts: &[(&str, &str)]) -> String {
+        let mut key = KeyBuf::new();
+        for (text, value) in parts {
+            key.push_literal(text);
+            key.push_value(*value);
+        }
+        key.finish()
+    }
+
+    #[test]
+    fn plain_values_pass_unchanged_and_separators_are_escaped() {
+        assert_eq!(render(&[("report:", "42")]), "report:42");
+        let a = render(&[("", "1:2"), (":", "3")]);
+        let b = render(&[("", "1"), (":", "2:3")]);
+        assert_ne!(a, b);
+        assert_eq!(a, "1%3A2:3");
+        assert_eq!(render(&[("", "{x}*?[]\\%\n")]), "%7Bx%7D%2A%3F%5B%5D%5C%25%0A");
+    }
+}

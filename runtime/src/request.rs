@@ -1,0 +1,316 @@
+//! Lock requests: settings, the acquire loop (one round trip per attempt, woken by releases), and `run`.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backend::{Attempt, ReleaseWatch};
+use crate::guard::{Grant, Lease};
+use crate::{held, Client, LockError, LockGuard, LockToken, ReleaseOutcome};
+
+/// The shortest lease accepted: below it, one slow round trip would eat the whole lease.
+const MIN_TTL: Duration = Duration::from_millis(100);
+/// The longest lease accepted: far inside what Redis's PEXPIRE can represent.
+const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 4);
+/// Keys longer than this are almost surely a bug (a whole document rendered into a key).
+const MAX_KEY_BYTES: usize = 1024;
+
+/// How a waiting request spaces its retries when no release announcement arrives. Every delay is jittered
+/// (between half and all of it) and never longer than the holder's remaining lease, so a crashed holder's
+/// expiry is noticed at once; a release announcement wakes the waiter regardless.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+/// # let client = distlock::Client::builder().memory().build().await?;
+/// use std::time::Duration;
+/// use distlock::RetryStrategy;
+/// let guard = client.lock("job")
+///     .wait(Duration::from_secs(5))
+///     .retry(RetryStrategy::Exponential { base: Duration::from_millis(20), max: Duration::from_secs(1) })
+///     .acquire()
+///     .await?;
+/// # drop(guard); Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RetryStrategy {
+    /// One attempt; `wait` is not used.
+    None,
+    /// Retry every `step`.
+    Linear {
+        /// The delay between attempts.
+        step: Duration,
+    },
+    /// Retry after `base`, then twice as long each time, up to `max`.
+    Exponential {
+        /// The first delay.
+        base: Duration,
+        /// The longest delay.
+        max: Duration,
+    },
+}
+
+impl Default for RetryStrategy {
+    fn default() -> Self {
+        Self::Exponential { base: Duration::from_millis(25), max: Duration::from_secs(1) }
+    }
+}
+
+impl RetryStrategy {
+    /// The jittered delay before retry number `attempt` (1-based); `None` for no retry.
+    fn delay(&self, attempt: u32) -> Option<Duration> {
+        let full = match *self {
+            Self::None => return None,
+            Self::Linear { step } => step,
+            Self::Exponential { base, max } => base.saturating_mul(1 << attempt.saturating_sub(1).min(20)).min(max),
+        };
+        // Equal jitter: half fixed, half random, so waiters spread out but none retries at once.
+        let random = getrandom::u64().unwrap_or(u64::MAX / 2);
+        let half = full / 2;
+        let spread = half.as_nanos().min(u128::from(u64::MAX)) as u64;
+        let jitter = if spread == 0 { 0 } else { random % spread };
+        Some(half + Duration::from_nanos(jitter))
+    }
+}
+
+/// What a lock body does when the lock is lost while it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnLost {
+    /// Drop the body at once and return [`LockError::Lost`].
+    #[default]
+    Abort,
+    /// Let the body finish, log a warning, and return its output.
+    Continue,
+}
+
+/// A request for one lock, made with [`Client::lock`]; set options, then [`acquire`](LockRequest::acquire),
+/// [`try_acquire`](LockRequest::try_acquire) or [`run`](LockRequest::run).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+/// # let client = distlock::Client::builder().memory().build().await?;
+/// use std::time::Duration;
+/// let total = client.lock("billing:run")
+///     .ttl(Duration::from_secs(30))
+///     .wait(Duration::from_secs(5))
+///     .metadata("billing-worker")
+///     .run(async { 2 + 2 })
+///     .await?;
+/// assert_eq!(total, 4);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a lock request does nothing until acquired or run"]
+pub struct LockRequest {
+    client: Client,
+    key: String,
+    ttl: Duration,
+    wait: Duration,
+    metadata: String,
+    retry: RetryStrategy,
+    on_lost: OnLost,
+    hold_at_least: Option<Duration>,
+}
+
+impl LockRequest {
+    pub(crate) fn new(client: Client, key: String) -> Self {
+        Self {
+            client,
+            key,
+            ttl: Duration::from_secs(30),
+            wait: Duration::ZERO,
+            metadata: String::new(),
+            retry: RetryStrategy::default(),
+            on_lost: OnLost::default(),
+            hold_at_least: None,
+        }
+    }
+
+    /// The lease length. Default 30 s; at least 100 ms. The watchdog renews it every `ttl / 3`, so it only
+    /// bounds how long a crashed holder keeps the lock.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long to wait while another owner holds the lock. Default zero: one attempt.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Text stored with the lock, readable by anyone through [`Client::lock_info`] (e.g. which worker holds it).
+    pub fn metadata(mut self, metadata: impl Into<String>) -> Self {
+        self.metadata = metadata.into();
+        self
+    }
+
+    /// How retries are spaced while waiting. Default exponential from 25 ms to 1 s.
+    pub fn retry(mut self, retry: RetryStrategy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// What [`run`](LockRequest::run) does when the lock is lost under the body. Default [`OnLost::Abort`].
+    pub fn on_lost(mut self, on_lost: OnLost) -> Self {
+        self.on_lost = on_lost;
+        self
+    }
+
+    /// Keeps the lock (held by nobody) until at least this long after it was acquired, even when released
+    /// sooner: a job that must run once per period across replicas whose clocks differ slightly.
+    pub fn hold_at_least(mut self, hold: Duration) -> Self {
+        self.hold_at_least = Some(hold);
+        self
+    }
+
+    fn check(&self) -> Result<(), LockError> {
+        check_key(&self.key)?;
+        check_ttl(self.ttl)
+    }
+
+    /// Takes the lock, waiting up to `wait` while it is busy; [`LockError::NotObtained`] when the wait runs out.
+    ///
+    /// Inside a [`run`](LockRequest::run) body that holds this key (through the same client) it succeeds at
+    /// once with a nested guard that shares the outer grant and leaves the outer hold in place.
+    pub async fn acquire(self) -> Result<LockGuard, LockError> {
+        self.check()?;
+        if let Some(grant) = held::find(&self.client, &self.key) {
+            return Ok(LockGuard::nested(grant));
+        }
+        let backend = &self.client.inner.backend;
+        let keys = self.client.keys(&self.key);
+        let token = LockToken::random();
+        let started = Instant::now();
+        let deadline = started.checked_add(self.wait).unwrap_or(started + Duration::from_secs(100 * 365 * 86_400));
+        let mut releases: Option<ReleaseWatch> = None;
+        let mut retries = 0;
+        loop {
+            let sent = Instant::now();
+            let remaining = match backend.acquire(&keys, &token, self.ttl, &self.metadata).await? {
+                Attempt::Granted { fence } => {
+                    let lease = Lease::starting(self.ttl, sent);
+                    let grant = Grant::new(self.client.clone(), keys, token, fence, lease, self.hold_at_least);
+                    // A guard is created even when the reply came too late, so that dropping it releases.
+                    let guard = LockGuard::new(grant);
+                    if guard.is_lost() {
+                        drop(guard);
+                        return Err(LockError::NotObtained { key: self.key, waited: started.elapsed() });
+                    }
+                    return Ok(guard);
+                }
+                Attempt::Busy { remaining } => remaining,
+            };
+            let now = Instant::now();
+            if now >= deadline || self.retry == RetryStrategy::None {
+                return Err(LockError::NotObtained { key: self.key, waited: now - started });
+            }
+            let Some(releases) = releases.as_mut() else {
+                // Listen first, then try once more: a release between the two is then never missed.
+                releases = Some(backend.watch_releases(&keys).await?);
+                continue;
+            };
+            retries += 1;
+            let backoff = self.retry.delay(retries).unwrap_or_default();
+            let pause = remaining.map_or(backoff, |r| backoff.min(r)).max(Duration::from_millis(1));
+            let until = (now + pause).min(deadline);
+            tokio::select! {
+                () = releases.changed() => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
+    /// One attempt: the guard, or `None` when another owner holds the lock.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// # let client = distlock::Client::builder().memory().build().await?;
+    /// let first = client.lock("job").try_acquire().await?.expect("free");
+    /// assert!(client.lock("job").try_acquire().await?.is_none());
+    /// # drop(first); Ok(()) }
+    /// ```
+    pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
+        let key = self.key.clone();
+        match self.wait(Duration::ZERO).acquire().await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(LockError::NotObtained { key: k, .. }) if k == key => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Takes the lock, runs `body` while the watchdog keeps it, and releases it when the body ends — or when
+    /// the body panics or this future is dropped (then in the background, promptly). If the lock is lost while
+    /// the body runs, the body is dropped and the result is [`LockError::Lost`] (unless
+    /// [`on_lost`](LockRequest::on_lost) says [`OnLost::Continue`]). The body never runs without the lock.
+    ///
+    /// Inside `body`, requests for the same key through the same client are reentrant; other futures and
+    /// spawned tasks are not owners.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// # let client = distlock::Client::builder().memory().build().await?;
+    /// let c = client.clone();
+    /// let inner = client.lock("account:7").run(async move {
+    ///     // Reentrant: the body already holds "account:7".
+    ///     c.lock("account:7").run(async { "nested" }).await
+    /// }).await??;
+    /// assert_eq!(inner, "nested");
+    /// # Ok(()) }
+    /// ```
+    pub async fn run<F: Future>(self, body: F) -> Result<F::Output, LockError> {
+        let on_lost = self.on_lost;
+        let guard = self.acquire().await?;
+        let grant = std::sync::Arc::clone(guard.grant());
+        if guard.is_nested() {
+            // Nested: the outer body's lock, watched by the outer `run`.
+            return Ok(body.await);
+        }
+        let body = held::scope(grant, body);
+        let output = match on_lost {
+            OnLost::Abort => {
+                tokio::pin!(body);
+                tokio::select! {
+                    biased;
+                    output = &mut body => output,
+                    () = guard.lost() => return Err(LockError::Lost { key: guard.key().to_owned() }),
+                }
+            }
+            OnLost::Continue => body.await,
+        };
+        let key = guard.key().to_owned();
+        // The body's output is never thrown away over a failed release: the lease frees the lock anyway.
+        match guard.release().await {
+            Ok(ReleaseOutcome::Released) => {}
+            Ok(outcome) => tracing::warn!(%key, ?outcome, "distlock: the lock was no longer held when the body finished"),
+            Err(e) => tracing::warn!(%key, error = %e, "distlock: release failed; the lock frees when its lease runs out"),
+        }
+        Ok(output)
+    }
+}
+
+pub(crate) fn check_ttl(ttl: Duration) -> Result<(), LockError> {
+    if ttl < MIN_TTL {
+        return Err(LockError::InvalidConfig(format!("ttl {ttl:?} is below the minimum of {MIN_TTL:?}")));
+    }
+    if ttl > MAX_TTL {
+        return Err(LockError::InvalidConfig(format!("ttl {ttl:?} is above what Redis can store")));
+    }
+    Ok(())
+}
+
+fn check_key(key: &str) -> Result<(), LockError> {
+    let reason = if key.is_empty() {
+        "the key is empty"
+    } else if key.len() > MAX_KEY_BYTES {
+        "the key is longer than 1024 bytes"
+    } else if key.chars().any(char::is_control) {
+        "the key contains a control character"
+    } else {
+        return Ok(());
+    };
+    let shown: String = key.chars().take(64).collect();
+    Err(LockError::InvalidKey { key: shown, reason })
+}
