@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use once_cell::sync::OnceCell;
 
-use crate::backend::{Backend, LockKeys, MemoryBackend, RedisBackend};
+use crate::backend::{Backend, ConnectSettings, LockKeys, MemoryBackend, RedisBackend};
 use crate::backend::Timeouts;
 use crate::{LockError, LockRequest};
 
@@ -149,6 +149,7 @@ pub struct ClientBuilder {
     store: Store,
     prefix: String,
     timeouts: Timeouts,
+    allow_insecure_tls: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -164,6 +165,7 @@ impl Default for ClientBuilder {
             store: Store::Unset,
             prefix: "distlock:".to_owned(),
             timeouts: Timeouts { connect: Duration::from_secs(2), response: Duration::from_secs(2) },
+            allow_insecure_tls: false,
         }
     }
 }
@@ -200,7 +202,16 @@ impl ClientBuilder {
         self
     }
 
-    /// Connects (for Redis: and checks the server answers), giving a ready client.
+    /// Accepts a `rediss://…/#insecure` URL, which turns off TLS certificate checks. Refused by default:
+    /// whoever can intercept the connection could then grant locks. Needs the `tls-insecure` feature.
+    pub fn allow_insecure_tls(mut self, allow: bool) -> Self {
+        self.allow_insecure_tls = allow;
+        self
+    }
+
+    /// Connects and, for Redis, checks the server: it must answer PING, grant and release a probe lock (so
+    /// missing ACL rights show here), and not be a cluster node. Warns when its `maxmemory-policy` may evict
+    /// lock records. Errors name the URL with the password redacted.
     pub async fn build(self) -> Result<Client, LockError> {
         if self.timeouts.connect.is_zero() || self.timeouts.response.is_zero() {
             return Err(LockError::InvalidConfig("connect and response timeouts must be above zero".into()));
@@ -211,7 +222,14 @@ impl ClientBuilder {
                     "no store chosen: call ClientBuilder::redis(url) or ClientBuilder::memory()".into(),
                 ))
             }
-            Store::Redis(url) => Backend::Redis(RedisBackend::connect(&url, self.timeouts).await?),
+            Store::Redis(url) => {
+                let settings = ConnectSettings {
+                    timeouts: self.timeouts,
+                    prefix: &self.prefix,
+                    allow_insecure_tls: self.allow_insecure_tls,
+                };
+                Backend::Redis(RedisBackend::connect(&url, settings).await?)
+            }
             Store::Memory => Backend::Memory(MemoryBackend::default()),
         };
         Ok(Client { inner: Arc::new(ClientInner { backend, prefix: self.prefix }) })

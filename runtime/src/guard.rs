@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::backend::LockKeys;
@@ -52,6 +52,13 @@ impl Lease {
     }
 }
 
+/// Bounds on how long a grant is held, from the request.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct HoldLimits {
+    pub(crate) hold_at_least: Option<Duration>,
+    pub(crate) max_hold: Option<Duration>,
+}
+
 /// One grant of a lock: shared by the guard, its watchdog and nested (reentrant) guards.
 #[derive(Debug)]
 pub(crate) struct Grant {
@@ -61,6 +68,8 @@ pub(crate) struct Grant {
     pub(crate) fence: u64,
     pub(crate) acquired_at: Instant,
     pub(crate) hold_at_least: Option<Duration>,
+    /// With `max_hold`: no renewal is sent after this instant.
+    pub(crate) max_hold_until: Option<Instant>,
     pub(crate) lease: watch::Sender<Lease>,
     /// Set on release or drop: from then on no command carries this token.
     finished: AtomicBool,
@@ -73,7 +82,7 @@ impl Grant {
         token: LockToken,
         fence: u64,
         lease: Lease,
-        hold_at_least: Option<Duration>,
+        limits: HoldLimits,
     ) -> Self {
         Self {
             client,
@@ -81,7 +90,8 @@ impl Grant {
             token,
             fence,
             acquired_at: lease.renewed_from,
-            hold_at_least,
+            hold_at_least: limits.hold_at_least,
+            max_hold_until: limits.max_hold.and_then(|m| lease.renewed_from.checked_add(m)),
             lease: watch::Sender::new(lease),
             finished: AtomicBool::new(false),
         }
@@ -100,8 +110,14 @@ impl Grant {
         self.hold_at_least.and_then(|h| h.checked_sub(self.acquired_at.elapsed())).filter(|k| !k.is_zero())
     }
 
-    async fn release(&self) -> Result<ReleaseOutcome, LockError> {
+    /// Stops the watchdog, waits until it is gone (so no renewal is sent after the release), then releases.
+    async fn release(&self, watchdog: Option<JoinHandle<()>>) -> Result<ReleaseOutcome, LockError> {
         self.finished.store(true, Ordering::Release);
+        if let Some(watchdog) = watchdog {
+            watchdog.abort();
+            // Ends at the watchdog's next await point: a renewal it already sent went out before ours.
+            let _ = watchdog.await;
+        }
         let keep = self.keep_after_release();
         self.client.inner.backend.release(&self.keys, &self.token, keep).await
     }
@@ -132,7 +148,7 @@ impl Grant {
 pub struct LockGuard {
     grant: Arc<Grant>,
     /// `None` for a nested guard, which neither renews nor releases: the outer one does.
-    watchdog: Option<AbortHandle>,
+    watchdog: Option<JoinHandle<()>>,
     runtime: Option<tokio::runtime::Handle>,
     released: bool,
     nested: bool,
@@ -141,7 +157,7 @@ pub struct LockGuard {
 impl LockGuard {
     pub(crate) fn new(grant: Grant) -> Self {
         let grant = Arc::new(grant);
-        let watchdog = tokio::spawn(watchdog(Arc::clone(&grant))).abort_handle();
+        let watchdog = tokio::spawn(watchdog(Arc::clone(&grant)));
         Self {
             grant,
             watchdog: Some(watchdog),
@@ -247,20 +263,17 @@ impl LockGuard {
             return Ok(ReleaseOutcome::Released);
         }
         self.released = true;
-        self.stop_watchdog();
-        self.grant.release().await
-    }
-
-    fn stop_watchdog(&mut self) {
-        if let Some(watchdog) = self.watchdog.take() {
-            watchdog.abort();
-        }
+        let watchdog = self.watchdog.take();
+        self.grant.release(watchdog).await
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        self.stop_watchdog();
+        let watchdog = self.watchdog.take();
+        if let Some(watchdog) = &watchdog {
+            watchdog.abort();
+        }
         if self.released {
             return;
         }
@@ -273,7 +286,7 @@ impl Drop for LockGuard {
         match &self.runtime {
             Some(runtime) => {
                 runtime.spawn(async move {
-                    if let Err(e) = grant.release().await {
+                    if let Err(e) = grant.release(watchdog).await {
                         tracing::warn!(key = %grant.keys.name, error = %e, "distlock: background release failed; the lock frees when its lease runs out");
                     }
                 });
@@ -293,6 +306,12 @@ async fn watchdog(grant: Arc<Grant>) {
             return;
         }
         let renew_at = next_attempt.unwrap_or(lease.renewed_from + lease.ttl / 3).min(lease.valid_until);
+        if grant.max_hold_until.is_some_and(|cap| renew_at >= cap) {
+            // max_hold reached: stop renewing and let the lease run out; the loss is reported at its deadline.
+            tokio::time::sleep_until(lease.valid_until).await;
+            grant.mark_lost("max_hold reached: renewals stopped and the lease ran out");
+            return;
+        }
         tokio::select! {
             // An extend changed the lease: plan again.
             changed = changes.changed() => { if changed.is_err() { return } continue }

@@ -58,7 +58,7 @@ pub mod __private {
 mod private;
 
 pub use client::{client, install, with_client, Client, ClientBuilder, LockInfo};
-// TEMP pub use distlock_macros::distributed_lock;
+pub use distlock_macros::distributed_lock;
 pub use error::{BackendError, LockError};
 pub use guard::{LockGuard, ReleaseOutcome};
 pub use request::{LockRequest, OnLost, RetryStrategy};

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::{Attempt, ReleaseWatch};
-use crate::guard::{Grant, Lease};
+use crate::guard::{Grant, HoldLimits, Lease};
 use crate::{held, Client, LockError, LockGuard, LockToken, ReleaseOutcome};
 
 /// The shortest lease accepted: below it, one slow round trip would eat the whole lease.
@@ -111,7 +111,7 @@ pub struct LockRequest {
     metadata: String,
     retry: RetryStrategy,
     on_lost: OnLost,
-    hold_at_least: Option<Duration>,
+    limits: HoldLimits,
 }
 
 impl LockRequest {
@@ -124,7 +124,7 @@ impl LockRequest {
             metadata: String::new(),
             retry: RetryStrategy::default(),
             on_lost: OnLost::default(),
-            hold_at_least: None,
+            limits: HoldLimits::default(),
         }
     }
 
@@ -162,7 +162,27 @@ impl LockRequest {
     /// Keeps the lock (held by nobody) until at least this long after it was acquired, even when released
     /// sooner: a job that must run once per period across replicas whose clocks differ slightly.
     pub fn hold_at_least(mut self, hold: Duration) -> Self {
-        self.hold_at_least = Some(hold);
+        self.limits.hold_at_least = Some(hold);
+        self
+    }
+
+    /// Stops renewing this long after the lock was acquired, so a body that hangs cannot hold the lock forever:
+    /// the lease then runs out and the lock is lost (the body is dropped unless [`OnLost::Continue`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// # let client = distlock::Client::builder().memory().build().await?;
+    /// use std::time::Duration;
+    /// let outcome = client.lock("job")
+    ///     .ttl(Duration::from_millis(200))
+    ///     .max_hold(Duration::from_millis(300))
+    ///     .run(std::future::pending::<()>()) // a body that never ends
+    ///     .await;
+    /// assert!(matches!(outcome, Err(distlock::LockError::Lost { .. })));
+    /// # Ok(()) }
+    /// ```
+    pub fn max_hold(mut self, max: Duration) -> Self {
+        self.limits.max_hold = Some(max);
         self
     }
 
@@ -192,7 +212,7 @@ impl LockRequest {
             let remaining = match backend.acquire(&keys, &token, self.ttl, &self.metadata).await? {
                 Attempt::Granted { fence } => {
                     let lease = Lease::starting(self.ttl, sent);
-                    let grant = Grant::new(self.client.clone(), keys, token, fence, lease, self.hold_at_least);
+                    let grant = Grant::new(self.client.clone(), keys, token, fence, lease, self.limits);
                     // A guard is created even when the reply came too late, so that dropping it releases.
                     let guard = LockGuard::new(grant);
                     if guard.is_lost() {

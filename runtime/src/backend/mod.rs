@@ -6,7 +6,7 @@ mod redis;
 use std::time::Duration;
 
 pub(crate) use self::memory::MemoryBackend;
-pub(crate) use self::redis::{RedisBackend, Timeouts};
+pub(crate) use self::redis::{ConnectSettings, RedisBackend, Timeouts};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 /// The names one lock uses in the backend. All share the hash tag `{<escaped key>}`, so in a cluster they sit

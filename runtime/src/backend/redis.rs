@@ -96,6 +96,14 @@ return n",
     )
 });
 
+/// What connecting needs from the builder.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConnectSettings<'a> {
+    pub(crate) timeouts: Timeouts,
+    pub(crate) prefix: &'a str,
+    pub(crate) allow_insecure_tls: bool,
+}
+
 /// Connection settings shared by the command and subscriber connections.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Timeouts {
@@ -126,8 +134,15 @@ fn manager_config(timeouts: Timeouts) -> ConnectionManagerConfig {
 
 impl RedisBackend {
     /// Connects and checks the server answers PING; the error names the URL with the password redacted.
-    pub(crate) async fn connect(url: &str, timeouts: Timeouts) -> Result<Self, LockError> {
+    pub(crate) async fn connect(url: &str, settings: ConnectSettings<'_>) -> Result<Self, LockError> {
+        let timeouts = settings.timeouts;
         let server = redact_url(url);
+        if url.trim_end().ends_with("#insecure") && !settings.allow_insecure_tls {
+            return Err(LockError::InvalidConfig(format!(
+                "{server} turns off TLS certificate checks; a lock server reached without them can be impersonated. \
+                 Remove `#insecure`, or opt in with ClientBuilder::allow_insecure_tls(true)"
+            )));
+        }
         let info = url.into_connection_info().map_err(|e| {
             LockError::InvalidConfig(format!("cannot use Redis URL {server}: {e}"))
         })?;
@@ -144,7 +159,42 @@ impl RedisBackend {
         debug_assert_eq!(pong, "PONG");
         let resp3 = info.clone().set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
         let subscriber = Subscriber::new(resp3, timeouts);
-        Ok(Self { server, commands, subscriber })
+        let backend = Self { server, commands, subscriber };
+        backend.probe(settings.prefix).await?;
+        Ok(backend)
+    }
+
+    /// Takes and gives back a probe lock, so a missing ACL right or a cluster address fails at startup with an
+    /// explanation instead of at the first real lock; warns when Redis may evict lock records.
+    async fn probe(&self, prefix: &str) -> Result<(), LockError> {
+        let mut conn = self.commands.clone();
+        let cluster: Option<String> = redis::cmd("INFO").arg("cluster").query_async(&mut conn).await.ok();
+        if cluster.is_some_and(|info| info.contains("cluster_enabled:1")) {
+            return Err(LockError::InvalidConfig(format!(
+                "{} is a Redis Cluster node; this client talks to one Redis server (a standalone server or a \
+                 replicated primary). Point it at a standalone Redis",
+                self.server
+            )));
+        }
+        let memory: Option<String> = redis::cmd("INFO").arg("memory").query_async(&mut conn).await.ok();
+        let policy = memory.as_deref().and_then(|info| {
+            info.lines().find_map(|line| line.strip_prefix("maxmemory_policy:")).map(|p| p.trim().to_owned())
+        });
+        if let Some(policy) = policy.filter(|p| p != "noeviction") {
+            tracing::warn!(
+                server = %self.server,
+                %policy,
+                "distlock: maxmemory-policy is not noeviction: under memory pressure Redis may evict lock records, \
+                 and a holder then loses its lock at its next renewal. Set maxmemory-policy noeviction"
+            );
+        }
+        let keys = LockKeys::new(prefix, "distlock-startup-probe".to_owned());
+        let token = LockToken::random();
+        let probe = Duration::from_secs(5);
+        if let Attempt::Granted { .. } = self.acquire(&keys, &token, probe, "startup probe").await? {
+            self.release(&keys, &token, None).await?;
+        }
+        Ok(())
     }
 
     fn error(&self, keys: &LockKeys, e: redis::RedisError) -> LockError {
@@ -168,6 +218,12 @@ impl RedisBackend {
                 cmd.arg(script.source);
                 build(&mut cmd);
                 cmd.query_async(&mut conn).await.map_err(|e| self.error(keys, e))
+            }
+            Err(e) if matches!(e.kind(), redis::ErrorKind::Server(redis::ServerErrorKind::Moved)) => {
+                Err(LockError::InvalidConfig(format!(
+                    "{} answered MOVED for lock `{}`: it is a Redis Cluster node; point the client at a standalone Redis",
+                    self.server, keys.name
+                )))
             }
             other => other.map_err(|e| self.error(keys, e)),
         }
