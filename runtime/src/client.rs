@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use once_cell::sync::OnceCell;
 
-use crate::backend::{Backend, ConnectSettings, LockKeys, MemoryBackend, RedisBackend};
 use crate::backend::Timeouts;
+use crate::backend::{Backend, ConnectSettings, LockKeys, MemoryBackend, RedisBackend};
 use crate::{LockError, LockRequest};
 
 /// A handle to a lock store (one Redis server, or this process's memory). Cheap to clone; clones share one
@@ -34,10 +34,7 @@ pub(crate) struct ClientInner {
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client")
-            .field("backend", &self.inner.backend)
-            .field("key_prefix", &self.inner.prefix)
-            .finish()
+        f.debug_struct("Client").field("backend", &self.inner.backend).field("key_prefix", &self.inner.prefix).finish()
     }
 }
 
@@ -263,11 +260,7 @@ pub fn install(client: Client) -> Result<(), LockError> {
 /// assert!(matches!(distlock::client(), Err(distlock::LockError::NotConfigured)));
 /// ```
 pub fn client() -> Result<Client, LockError> {
-    SCOPED
-        .try_with(Client::clone)
-        .ok()
-        .or_else(|| GLOBAL.get().cloned())
-        .ok_or(LockError::NotConfigured)
+    SCOPED.try_with(Client::clone).ok().or_else(|| GLOBAL.get().cloned()).ok_or(LockError::NotConfigured)
 }
 
 /// Runs `fut` with `client` as the client in scope, overriding the installed one (for example a per-test

@@ -27,7 +27,9 @@ pub enum LockError {
     #[error("no distlock client is configured: call distlock::install(client) at startup, or wrap the call in distlock::with_client(client, ..)")]
     NotConfigured,
     /// [`install`](crate::install) was called a second time.
-    #[error("a distlock client is already installed; install it once at startup and clone `distlock::client()` elsewhere")]
+    #[error(
+        "a distlock client is already installed; install it once at startup and clone `distlock::client()` elsewhere"
+    )]
     AlreadyInstalled,
     /// Another holder kept the lock for the whole wait.
     #[error("lock `{key}` is held by another owner; gave up after waiting {waited:?}")]
@@ -101,7 +103,9 @@ impl BackendError {
 impl fmt::Display for BackendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.key {
-            Some(key) => write!(f, "redis call for lock `{key}` at {} failed: {}; {}", self.server, self.source, self.hint),
+            Some(key) => {
+                write!(f, "redis call for lock `{key}` at {} failed: {}; {}", self.server, self.source, self.hint)
+            }
             None => write!(f, "redis at {} failed: {}; {}", self.server, self.source, self.hint),
         }
     }

@@ -291,7 +291,9 @@ impl Drop for LockGuard {
                     }
                 });
             }
-            None => tracing::warn!(key = %grant.keys.name, "distlock: guard dropped outside a tokio runtime; the lock frees when its lease runs out"),
+            None => {
+                tracing::warn!(key = %grant.keys.name, "distlock: guard dropped outside a tokio runtime; the lock frees when its lease runs out")
+            }
         }
     }
 }

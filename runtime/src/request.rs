@@ -304,8 +304,12 @@ impl LockRequest {
         // The body's output is never thrown away over a failed release: the lease frees the lock anyway.
         match guard.release().await {
             Ok(ReleaseOutcome::Released) => {}
-            Ok(outcome) => tracing::warn!(%key, ?outcome, "distlock: the lock was no longer held when the body finished"),
-            Err(e) => tracing::warn!(%key, error = %e, "distlock: release failed; the lock frees when its lease runs out"),
+            Ok(outcome) => {
+                tracing::warn!(%key, ?outcome, "distlock: the lock was no longer held when the body finished")
+            }
+            Err(e) => {
+                tracing::warn!(%key, error = %e, "distlock: release failed; the lock frees when its lease runs out")
+            }
         }
         Ok(output)
     }

@@ -143,19 +143,17 @@ impl RedisBackend {
                  Remove `#insecure`, or opt in with ClientBuilder::allow_insecure_tls(true)"
             )));
         }
-        let info = url.into_connection_info().map_err(|e| {
-            LockError::InvalidConfig(format!("cannot use Redis URL {server}: {e}"))
-        })?;
+        let info = url
+            .into_connection_info()
+            .map_err(|e| LockError::InvalidConfig(format!("cannot use Redis URL {server}: {e}")))?;
         let client = redis::Client::open(info.clone()).map_err(|e| BackendError::new(&server, None, e))?;
         let connect = ConnectionManager::new_with_config(client, manager_config(timeouts));
         let mut commands = tokio::time::timeout(timeouts.connect * 2, connect)
             .await
             .map_err(|_| BackendError::new(&server, None, timeout_error("connect")))?
             .map_err(|e| BackendError::new(&server, None, e))?;
-        let pong: String = redis::cmd("PING")
-            .query_async(&mut commands)
-            .await
-            .map_err(|e| BackendError::new(&server, None, e))?;
+        let pong: String =
+            redis::cmd("PING").query_async(&mut commands).await.map_err(|e| BackendError::new(&server, None, e))?;
         debug_assert_eq!(pong, "PONG");
         let resp3 = info.clone().set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
         let subscriber = Subscriber::new(resp3, timeouts);
@@ -350,13 +348,7 @@ fn lock_channels(channels: &Mutex<HashMap<Vec<u8>, Channel>>) -> MutexGuard<'_, 
 
 impl Subscriber {
     fn new(info: redis::ConnectionInfo, timeouts: Timeouts) -> Self {
-        Self {
-            info,
-            timeouts,
-            channels: Arc::default(),
-            connection: Arc::default(),
-            commands: Arc::default(),
-        }
+        Self { info, timeouts, channels: Arc::default(), connection: Arc::default(), commands: Arc::default() }
     }
 
     async fn connection(&self) -> redis::RedisResult<ConnectionManager> {
@@ -397,9 +389,11 @@ impl Subscriber {
         let name = channel.as_bytes().to_vec();
         let rx = {
             let mut channels = lock_channels(&self.channels);
-            let entry = channels
-                .entry(name.clone())
-                .or_insert_with(|| Channel { tx: watch::Sender::new(0), waiters: 0, subscribed: false });
+            let entry = channels.entry(name.clone()).or_insert_with(|| Channel {
+                tx: watch::Sender::new(0),
+                waiters: 0,
+                subscribed: false,
+            });
             entry.waiters += 1;
             entry.tx.subscribe()
         };

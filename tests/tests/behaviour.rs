@@ -1,0 +1,806 @@
+//! The behaviour suite: every scenario is written once, as an `async fn(Fixture)`, and run against both
+//! backends — `with_redis::<scenario>` on a private `redis-server`, `with_memory::<scenario>` on the in-process
+//! backend. Scenarios that only make sense across processes or against a server are at the end.
+//!
+//! Timing: outcomes are awaited (with generous upper bounds), never slept for; the only sleeps are the
+//! "work" done while holding a lock and the short setup pause that lets a waiter start waiting.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use distlock::{Client, LockError, OnLost, ReleaseOutcome, RetryStrategy};
+use distlock_tests::{free_port, within, Backend, Fixture};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::oneshot;
+use tokio::task::JoinSet;
+
+const fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+const fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Runs each named scenario once per backend.
+macro_rules! suite {
+    ($($name:ident),* $(,)?) => {
+        mod with_redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(distlock_tests::Fixture::redis().await).await
+                }
+            )*
+        }
+        mod with_memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(distlock_tests::Fixture::memory().await).await
+                }
+            )*
+        }
+    };
+}
+
+suite!(
+    mutual_exclusion_loses_no_update,
+    vanished_holder_cannot_release_next_holders_lock,
+    wait_bounds_waiting,
+    watchdog_keeps_short_lease_through_long_work,
+    fencing_tokens_strictly_increase,
+    dropped_guard_frees_lock_promptly,
+    waiters_are_woken_by_release,
+    reentrant_request_inside_body_shares_the_hold,
+    spawned_tasks_and_siblings_are_not_owners,
+    lost_lock_cancels_body,
+    lost_lock_with_on_lost_continue_lets_body_finish,
+    guard_reports_loss,
+    panic_in_body_releases_promptly,
+    cancelled_run_releases_promptly,
+    metadata_is_readable_by_others,
+    try_acquire_returns_none_when_busy,
+    extend_and_remaining_ttl,
+    keys_with_braces_are_distinct_locks,
+    hold_at_least_keeps_lock_after_body,
+);
+
+/// Whether someone outside any lock body (a freshly spawned task) fails to take `key` at once.
+/// If it does get the lock, that is a test failure anyway, so the guard is just dropped.
+async fn busy_for_outsiders(client: &Client, key: &str) -> bool {
+    let client = client.clone();
+    let key = key.to_owned();
+    tokio::spawn(async move { client.lock(key).try_acquire().await })
+        .await
+        .expect("outsider task")
+        .expect("outsider try_acquire")
+        .is_none()
+}
+
+/// Sets its flag when dropped: tells whether a lock body was dropped (cancelled) or ran to the end.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Scenarios for both backends
+// ---------------------------------------------------------------------------------------------------------
+
+/// 4 clients x 8 tasks, 3 rounds each, do GET / pause / SET on a counter under one lock: no update is
+/// lost, never two bodies run at once, and the fencing tokens seen inside the bodies strictly increase.
+async fn mutual_exclusion_loses_no_update(fx: Fixture) {
+    const CLIENTS: usize = 4;
+    const TASKS: usize = 8;
+    const ROUNDS: usize = 3;
+    const KEY: &str = "rmw-counter";
+
+    let counter = fx.counter("rmw");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let max_inside = Arc::new(AtomicUsize::new(0));
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = JoinSet::new();
+    for _ in 0..CLIENTS {
+        let client = fx.other_client().await;
+        for _ in 0..TASKS {
+            let (client, counter) = (client.clone(), counter.clone());
+            let (inside, max_inside, fences) = (inside.clone(), max_inside.clone(), fences.clone());
+            tasks.spawn(async move {
+                for _ in 0..ROUNDS {
+                    let body = async {
+                        let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                        max_inside.fetch_max(now, Ordering::SeqCst);
+                        let info = client.lock_info(KEY).await.expect("lock_info");
+                        let fence = info.expect("held inside the body").fencing_token;
+                        fences.lock().unwrap().push(fence);
+                        counter.racy_increment(ms(2)).await;
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                    };
+                    client.lock(KEY).ttl(secs(10)).wait(secs(60)).run(body).await.expect("lock under contention");
+                }
+            });
+        }
+    }
+    within(secs(60), "all 96 locked increments", async {
+        while let Some(r) = tasks.join_next().await {
+            r.expect("worker task");
+        }
+    })
+    .await;
+
+    let total = (CLIENTS * TASKS * ROUNDS) as i64;
+    assert_eq!(counter.get().await, total, "lost updates: the lock let bodies overlap");
+    assert_eq!(max_inside.load(Ordering::SeqCst), 1, "two lock bodies ran at once");
+    let fences = fences.lock().unwrap().clone();
+    assert_eq!(fences.len(), total as usize);
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens not strictly increasing in grant order: {fences:?}"
+    );
+}
+
+/// A holder whose record vanished (lease ran out, or someone deleted it) must not be able to release the
+/// lock that the next holder has since taken.
+async fn vanished_holder_cannot_release_next_holders_lock(fx: Fixture) {
+    const KEY: &str = "vanish";
+    let first = fx.client().lock(KEY).ttl(secs(10)).acquire().await.expect("first holder");
+    fx.vanish_record(KEY).await;
+
+    let other = fx.other_client().await;
+    let second = other
+        .lock(KEY)
+        .ttl(secs(10))
+        .try_acquire()
+        .await
+        .expect("try_acquire")
+        .expect("the lock is free once its record is gone");
+    assert!(second.fencing_token() > first.fencing_token());
+
+    let outcome = first.release().await.expect("release by the stale holder");
+    assert!(
+        matches!(outcome, ReleaseOutcome::Expired | ReleaseOutcome::TakenByOther),
+        "the stale holder's release said {outcome:?}"
+    );
+
+    let info = other.lock_info(KEY).await.expect("lock_info").expect("the second holder still holds the lock");
+    assert_eq!(info.fencing_token, second.fencing_token());
+    assert!(busy_for_outsiders(&other, KEY).await, "the stale release freed the lock");
+    assert!(!second.is_lost());
+    assert!(matches!(second.release().await.expect("release"), ReleaseOutcome::Released));
+    assert!(other.lock_info(KEY).await.expect("lock_info").is_none());
+}
+
+/// `wait` bounds waiting: `NotObtained` after about the wait, not before and not much later; wait 0 (the
+/// default) is a single attempt.
+async fn wait_bounds_waiting(fx: Fixture) {
+    const KEY: &str = "busy";
+    let _held = fx.client().lock(KEY).ttl(secs(30)).acquire().await.expect("holder");
+    let other = fx.other_client().await;
+
+    let start = Instant::now();
+    let err = within(secs(10), "a bounded wait", other.lock(KEY).wait(ms(600)).acquire())
+        .await
+        .expect_err("the lock is held for 30 s");
+    let elapsed = start.elapsed();
+    match &err {
+        LockError::NotObtained { key, waited } => {
+            assert_eq!(key, KEY);
+            assert!(*waited >= ms(550) && *waited < secs(3), "waited {waited:?}");
+        }
+        other => panic!("expected NotObtained, got {other:?}"),
+    }
+    assert!(elapsed >= ms(550), "gave up early, after {elapsed:?}");
+    assert!(elapsed < secs(3), "waited far past the bound: {elapsed:?}");
+    assert!(err.to_string().contains(KEY), "error text names the lock: {err}");
+
+    let start = Instant::now();
+    let err = other.lock(KEY).acquire().await.expect_err("held");
+    assert!(matches!(err, LockError::NotObtained { .. }), "{err:?}");
+    assert!(start.elapsed() < secs(1), "wait 0 waited {:?}", start.elapsed());
+}
+
+/// A 1 s lease survives 3.6 s of work: the watchdog renews it (both for `run` and for a held guard).
+async fn watchdog_keeps_short_lease_through_long_work(fx: Fixture) {
+    let client = fx.client().clone();
+    let observer = fx.other_client().await;
+
+    let run_case = async {
+        let start = Instant::now();
+        let out = client
+            .lock("watchdog-run")
+            .ttl(secs(1))
+            .run(async {
+                for step in 1..=3 {
+                    tokio::time::sleep(ms(1200)).await;
+                    assert!(
+                        busy_for_outsiders(&observer, "watchdog-run").await,
+                        "lease ran out during the body, at step {step}, {:?} in",
+                        start.elapsed()
+                    );
+                }
+                "done"
+            })
+            .await;
+        assert_eq!(out.expect("run with a 1 s lease and 3.6 s of work"), "done");
+        assert!(start.elapsed() >= ms(3600));
+        assert!(observer.lock_info("watchdog-run").await.unwrap().is_none(), "run released at the end");
+    };
+
+    let guard_case = async {
+        let guard = client.lock("watchdog-guard").ttl(secs(1)).acquire().await.expect("acquire");
+        tokio::time::sleep(ms(3500)).await;
+        assert!(!guard.is_lost(), "the watchdog let a live guard's lease run out");
+        let left = guard.remaining_ttl().await.expect("remaining_ttl").expect("still ours");
+        assert!(left <= secs(1), "lease {left:?} longer than the ttl");
+        assert!(busy_for_outsiders(&observer, "watchdog-guard").await);
+        assert!(matches!(guard.release().await.expect("release"), ReleaseOutcome::Released));
+    };
+
+    tokio::join!(run_case, guard_case);
+}
+
+/// Fencing tokens strictly increase across successive holders, whichever client they use and whether the
+/// lock is taken by `acquire` or by `run`; `lock_info` reports the holder's token.
+async fn fencing_tokens_strictly_increase(fx: Fixture) {
+    const KEY: &str = "fenced";
+    let clients = [fx.client().clone(), fx.other_client().await];
+    let mut last = 0u64;
+    for round in 0..6 {
+        let client = &clients[round % 2];
+        let guard = client.lock(KEY).acquire().await.expect("acquire");
+        let token = guard.fencing_token();
+        assert!(token > last, "round {round}: token {token} after {last}");
+        let info = clients[(round + 1) % 2].lock_info(KEY).await.unwrap().expect("held");
+        assert_eq!(info.fencing_token, token);
+        last = token;
+        assert!(matches!(guard.release().await.expect("release"), ReleaseOutcome::Released));
+
+        let in_run = client
+            .lock(KEY)
+            .run(async { client.lock_info(KEY).await.unwrap().expect("held").fencing_token })
+            .await
+            .expect("run");
+        assert!(in_run > last, "round {round}: run's token {in_run} after {last}");
+        last = in_run;
+    }
+}
+
+/// Dropping a guard never blocks, and frees the lock well before its 30 s lease ends.
+async fn dropped_guard_frees_lock_promptly(fx: Fixture) {
+    const KEY: &str = "dropped";
+    let guard = fx.client().lock(KEY).ttl(secs(30)).acquire().await.expect("acquire");
+    let other = fx.other_client().await;
+
+    let start = Instant::now();
+    drop(guard);
+    assert!(start.elapsed() < ms(100), "drop blocked for {:?}", start.elapsed());
+
+    let next =
+        other.lock(KEY).ttl(secs(30)).wait(secs(15)).acquire().await.expect("a dropped guard's lock is free again");
+    let elapsed = start.elapsed();
+    assert!(elapsed < secs(2), "took {elapsed:?} to free a dropped guard's 30 s lock");
+    drop(next);
+}
+
+/// A waiter with a 5 s linear backoff is woken by the holder's release: the hand-off takes well under the
+/// backoff (three rounds, so a lucky jitter cannot hide a missing wake-up).
+async fn waiters_are_woken_by_release(fx: Fixture) {
+    const KEY: &str = "handoff";
+    let other = fx.other_client().await;
+    for round in 0..3 {
+        let holder = fx.client().lock(KEY).ttl(secs(30)).acquire().await.expect("holder");
+        let waiter = {
+            let other = other.clone();
+            tokio::spawn(async move {
+                let guard = other
+                    .lock(KEY)
+                    .ttl(secs(30))
+                    .wait(secs(20))
+                    .retry(RetryStrategy::Linear { step: secs(5) })
+                    .acquire()
+                    .await;
+                (guard, Instant::now())
+            })
+        };
+        // Setup, not an outcome: let the waiter make its first attempt and start waiting.
+        tokio::time::sleep(ms(300)).await;
+        assert!(!waiter.is_finished(), "round {round}: the waiter did not wait for a held lock");
+
+        let released_at = Instant::now();
+        assert!(matches!(holder.release().await.expect("release"), ReleaseOutcome::Released));
+        let (guard, acquired_at) = within(secs(25), "the waiter", waiter).await.expect("waiter task");
+        let guard = guard.expect("the waiter gets the lock after the release");
+        let handoff = acquired_at.duration_since(released_at);
+        assert!(handoff < secs(1), "round {round}: hand-off took {handoff:?}; the release did not wake the waiter");
+        guard.release().await.expect("release");
+    }
+}
+
+/// Inside `run`'s body, a request for the same key succeeds at once with the same fencing token, and
+/// giving it back does not release the outer hold.
+async fn reentrant_request_inside_body_shares_the_hold(fx: Fixture) {
+    const KEY: &str = "reentrant";
+    let client = fx.client().clone();
+    let observer = fx.other_client().await;
+
+    let outer_token = client
+        .lock(KEY)
+        .ttl(secs(10))
+        .run(async {
+            let outer = client.lock_info(KEY).await.unwrap().expect("held").fencing_token;
+
+            // Nested run (wait 0: it must not need to wait at all).
+            let start = Instant::now();
+            let inner = within(
+                secs(5),
+                "nested run",
+                client.lock(KEY).run(async {
+                    // Two levels deep.
+                    let deeper = client
+                        .lock(KEY)
+                        .run(async { client.lock_info(KEY).await.unwrap().expect("held").fencing_token })
+                        .await
+                        .expect("doubly nested run");
+                    (client.lock_info(KEY).await.unwrap().expect("held").fencing_token, deeper)
+                }),
+            )
+            .await
+            .expect("nested run on the key the body holds");
+            assert!(start.elapsed() < secs(1), "nested run took {:?}", start.elapsed());
+            assert_eq!(inner, (outer, outer), "nested runs see the outer grant");
+            assert_eq!(observer.lock_info(KEY).await.unwrap().expect("held").fencing_token, outer);
+            assert!(busy_for_outsiders(&observer, KEY).await, "the nested run released the outer hold");
+
+            // Nested acquire: a guard with the outer grant's fencing token; releasing it keeps the hold.
+            let guard = client.lock(KEY).acquire().await.expect("nested acquire");
+            assert_eq!(guard.fencing_token(), outer);
+            assert_eq!(guard.key(), KEY);
+            let _ = guard.release().await.expect("nested release");
+            let info = observer.lock_info(KEY).await.unwrap().expect("still held after the nested release");
+            assert_eq!(info.fencing_token, outer);
+            assert!(busy_for_outsiders(&observer, KEY).await, "the nested release freed the outer hold");
+            outer
+        })
+        .await
+        .expect("outer run");
+
+    let after = observer.lock(KEY).try_acquire().await.expect("try_acquire").expect("free once the outer run returned");
+    assert!(after.fencing_token() > outer_token);
+}
+
+/// Ownership belongs to the body future: a task spawned from the body, and a sibling future joined with
+/// the `run` future in the same task, must wait like anyone else.
+async fn spawned_tasks_and_siblings_are_not_owners(fx: Fixture) {
+    const KEY: &str = "owners";
+    let client = fx.client().clone();
+
+    client
+        .lock(KEY)
+        .ttl(secs(10))
+        .run(async {
+            let c = client.clone();
+            let spawned = tokio::spawn(async move { c.lock(KEY).acquire().await.map(|g| g.fencing_token()) })
+                .await
+                .expect("spawned task");
+            assert!(
+                matches!(spawned, Err(LockError::NotObtained { .. })),
+                "a task spawned from the body got the lock: {spawned:?}"
+            );
+        })
+        .await
+        .expect("run");
+
+    // join!: the sibling runs in the same task as the run future, but is not inside its body.
+    let (started_tx, started_rx) = oneshot::channel::<()>();
+    let (done_tx, done_rx) = oneshot::channel::<()>();
+    let holder = client.lock(KEY).ttl(secs(10)).run(async move {
+        let _ = started_tx.send(());
+        let _ = done_rx.await;
+    });
+    let sibling = async {
+        started_rx.await.expect("the holder's body started");
+        let attempt = client.lock(KEY).acquire().await.map(|g| g.fencing_token());
+        let _ = done_tx.send(());
+        attempt
+    };
+    let (held, attempt) = within(secs(10), "join!", async { tokio::join!(holder, sibling) }).await;
+    held.expect("holder run");
+    assert!(
+        matches!(attempt, Err(LockError::NotObtained { .. })),
+        "a sibling future in join! got the lock: {attempt:?}"
+    );
+
+    // select!: same, and the losing run future is then dropped (and releases).
+    let (started_tx, started_rx) = oneshot::channel::<()>();
+    let attempt = tokio::select! {
+        biased;
+        _ = client.lock(KEY).ttl(secs(10)).run(async move {
+            let _ = started_tx.send(());
+            std::future::pending::<()>().await;
+        }) => panic!("the holder's body never ends"),
+        attempt = async {
+            started_rx.await.expect("the holder's body started");
+            client.lock(KEY).acquire().await.map(|g| g.fencing_token())
+        } => attempt,
+    };
+    assert!(
+        matches!(attempt, Err(LockError::NotObtained { .. })),
+        "a sibling future in select! got the lock: {attempt:?}"
+    );
+}
+
+/// The record disappears while `run`'s body works under a 1 s lease: the watchdog notices, the body is
+/// dropped, and `run` returns `Err(Lost)`.
+async fn lost_lock_cancels_body(fx: Fixture) {
+    const KEY: &str = "lost";
+    let dropped = Arc::new(AtomicBool::new(false));
+    let finished = Arc::new(AtomicBool::new(false));
+    let (started_tx, started_rx) = oneshot::channel();
+    let run = fx.client().lock(KEY).ttl(secs(1)).run({
+        let (dropped, finished) = (dropped.clone(), finished.clone());
+        async move {
+            let _flag = SetOnDrop(dropped);
+            let _ = started_tx.send(());
+            tokio::time::sleep(secs(30)).await;
+            finished.store(true, Ordering::SeqCst);
+        }
+    });
+    let handle = tokio::spawn(run);
+    within(secs(5), "the body starts", started_rx).await.expect("started");
+
+    fx.vanish_record(KEY).await;
+    let vanished_at = Instant::now();
+    let result = within(secs(10), "run notices the loss", handle).await.expect("run task");
+    let noticed = vanished_at.elapsed();
+
+    match result {
+        Err(LockError::Lost { key }) => assert_eq!(key, KEY),
+        other => panic!("expected Err(Lost), got {other:?}"),
+    }
+    assert!(dropped.load(Ordering::SeqCst), "the body was not dropped");
+    assert!(!finished.load(Ordering::SeqCst), "the body ran on without the lock");
+    assert!(noticed < secs(3), "loss noticed only after {noticed:?} (ttl 1 s)");
+}
+
+/// With `OnLost::Continue`, losing the lock does not cancel the body: it runs to its end.
+async fn lost_lock_with_on_lost_continue_lets_body_finish(fx: Fixture) {
+    const KEY: &str = "lost-continue";
+    let finished = Arc::new(AtomicBool::new(false));
+    let (started_tx, started_rx) = oneshot::channel();
+    let run = fx.client().lock(KEY).ttl(secs(1)).on_lost(OnLost::Continue).run({
+        let finished = finished.clone();
+        async move {
+            let _ = started_tx.send(());
+            // Work for two leases: the watchdog notices the loss (at ~ttl/3) long before this ends.
+            tokio::time::sleep(secs(2)).await;
+            finished.store(true, Ordering::SeqCst);
+            7
+        }
+    });
+    let handle = tokio::spawn(run);
+    within(secs(5), "the body starts", started_rx).await.expect("started");
+    fx.vanish_record(KEY).await;
+
+    let result = within(secs(10), "run ends", handle).await.expect("run task");
+    assert!(finished.load(Ordering::SeqCst), "OnLost::Continue cancelled the body");
+    match result {
+        Ok(7) => {}
+        other => panic!("OnLost::Continue returns the body's output; got {other:?}"),
+    }
+}
+
+/// A held guard whose record vanishes reports the loss: `lost()` resolves and `is_lost()` turns true.
+async fn guard_reports_loss(fx: Fixture) {
+    const KEY: &str = "guard-lost";
+    let guard = fx.client().lock(KEY).ttl(secs(1)).acquire().await.expect("acquire");
+    assert!(!guard.is_lost());
+    fx.vanish_record(KEY).await;
+    within(secs(5), "guard.lost()", guard.lost()).await;
+    assert!(guard.is_lost());
+    let outcome = guard.release().await.expect("release");
+    assert!(!matches!(outcome, ReleaseOutcome::Released), "released a lost lock: {outcome:?}");
+}
+
+/// A panic inside `run`'s body releases the lock promptly, not at the end of its 30 s lease.
+async fn panic_in_body_releases_promptly(fx: Fixture) {
+    const KEY: &str = "panics";
+    let client = fx.client().clone();
+    let task = tokio::spawn(async move {
+        client
+            .lock(KEY)
+            .ttl(secs(30))
+            .run(async {
+                if KEY.len() < 100 {
+                    panic!("deliberate panic inside the lock body");
+                }
+            })
+            .await
+    });
+    let err = within(secs(10), "the panicking task", task).await.expect_err("the body panicked");
+    assert!(err.is_panic());
+
+    let start = Instant::now();
+    let other = fx.other_client().await;
+    let _guard = other.lock(KEY).wait(secs(15)).acquire().await.expect("free after the panic");
+    assert!(start.elapsed() < secs(2), "freed only after {:?}", start.elapsed());
+}
+
+/// Cancelling `run` (a timeout around it, or aborting its task) releases promptly.
+async fn cancelled_run_releases_promptly(fx: Fixture) {
+    const KEY: &str = "cancelled";
+    let client = fx.client().clone();
+    let other = fx.other_client().await;
+
+    // A timeout drops the run future.
+    let timed_out =
+        tokio::time::timeout(ms(300), client.lock(KEY).ttl(secs(30)).run(tokio::time::sleep(secs(60)))).await;
+    assert!(timed_out.is_err(), "the body cannot finish in 300 ms");
+    let start = Instant::now();
+    let guard = other.lock(KEY).wait(secs(15)).acquire().await.expect("free after the timeout");
+    assert!(start.elapsed() < secs(2), "freed only after {:?}", start.elapsed());
+    guard.release().await.expect("release");
+
+    // Aborting the task that runs it, once the body is running.
+    let (started_tx, started_rx) = oneshot::channel();
+    let task = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client
+                .lock(KEY)
+                .ttl(secs(30))
+                .run(async move {
+                    let _ = started_tx.send(());
+                    std::future::pending::<()>().await;
+                })
+                .await
+        }
+    });
+    within(secs(5), "the body starts", started_rx).await.expect("started");
+    task.abort();
+    assert!(task.await.expect_err("aborted").is_cancelled());
+    let start = Instant::now();
+    let _guard = other.lock(KEY).wait(secs(15)).acquire().await.expect("free after the abort");
+    assert!(start.elapsed() < secs(2), "freed only after {:?}", start.elapsed());
+}
+
+/// Metadata is stored with the lock and readable by anyone through `lock_info`, byte for byte, even when
+/// it looks like Lua or Redis syntax (it only travels as a script argument).
+async fn metadata_is_readable_by_others(fx: Fixture) {
+    const KEY: &str = "with-metadata";
+    let meta = "billing-worker \"q\" ]] ') redis.call('set', 'pwned', '1') -- {tag} ünïcødé\n2nd line";
+    let guard = fx.client().lock(KEY).ttl(secs(10)).metadata(meta).acquire().await.expect("acquire");
+    let other = fx.other_client().await;
+    let info = other.lock_info(KEY).await.expect("lock_info").expect("held");
+    assert_eq!(info.metadata, meta);
+    assert_eq!(info.fencing_token, guard.fencing_token());
+    assert!(info.remaining_ttl <= secs(10) && info.remaining_ttl > secs(5), "remaining {:?}", info.remaining_ttl);
+    assert!(other.lock_info("some-other-lock").await.expect("lock_info").is_none());
+
+    if let Some(mut conn) = fx.redis_connection() {
+        let pwned: i64 = redis::cmd("EXISTS").arg("pwned").query_async(&mut conn).await.unwrap();
+        assert_eq!(pwned, 0, "metadata was executed as Lua");
+    }
+    guard.release().await.expect("release");
+    assert!(other.lock_info(KEY).await.expect("lock_info").is_none());
+}
+
+/// `try_acquire` gives `Ok(None)` when the lock is busy, and the guard when it is free.
+async fn try_acquire_returns_none_when_busy(fx: Fixture) {
+    const KEY: &str = "try";
+    let other = fx.other_client().await;
+    let guard = fx.client().lock(KEY).try_acquire().await.expect("try_acquire").expect("free");
+    let start = Instant::now();
+    assert!(other.lock(KEY).try_acquire().await.expect("try_acquire").is_none());
+    assert!(start.elapsed() < secs(1), "try_acquire waited {:?}", start.elapsed());
+    guard.release().await.expect("release");
+    let again = other.lock(KEY).try_acquire().await.expect("try_acquire").expect("free again");
+    assert_eq!(again.key(), KEY);
+}
+
+/// `remaining_ttl` reports the lease, `extend` lengthens it, and others see the new lease.
+async fn extend_and_remaining_ttl(fx: Fixture) {
+    const KEY: &str = "extend";
+    let guard = fx.client().lock(KEY).ttl(secs(2)).acquire().await.expect("acquire");
+    let left = guard.remaining_ttl().await.unwrap().expect("ours");
+    assert!(left <= secs(2) && left > ms(500), "remaining {left:?}");
+    guard.extend(secs(20)).await.expect("extend");
+    let left = guard.remaining_ttl().await.unwrap().expect("ours");
+    assert!(left > secs(10) && left <= secs(20), "remaining after extend {left:?}");
+    let info = fx.other_client().await.lock_info(KEY).await.unwrap().expect("held");
+    assert!(info.remaining_ttl > secs(10), "others see {:?}", info.remaining_ttl);
+    guard.release().await.expect("release");
+}
+
+/// Keys that contain braces (or what their escapes look like) are distinct locks with distinct records.
+async fn keys_with_braces_are_distinct_locks(fx: Fixture) {
+    let keys = ["a", "a}", "{a}", "a}:fence", "a%7D", "{", "}", "a:fence"];
+    let client = fx.client();
+    let mut guards = Vec::new();
+    for key in keys {
+        let guard = client
+            .lock(key)
+            .try_acquire()
+            .await
+            .expect("try_acquire")
+            .unwrap_or_else(|| panic!("lock {key:?} collided with another key's lock"));
+        guards.push(guard);
+    }
+    let records: Vec<String> = keys.iter().map(|k| client.record_key(k)).collect();
+    for (key, record) in keys.iter().zip(&records) {
+        assert_eq!(record.matches('{').count(), 1, "record {record} of {key:?}");
+        assert_eq!(record.matches('}').count(), 1, "record {record} of {key:?}");
+        assert!(record.ends_with('}'), "record {record} of {key:?}: the hash tag must end the name");
+    }
+    let mut unique = records.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), records.len(), "two keys share a record: {records:?}");
+    for guard in &guards {
+        let info = client.lock_info(guard.key()).await.unwrap().expect("held");
+        assert_eq!(info.fencing_token, guard.fencing_token(), "lock {:?}", guard.key());
+    }
+    if let Some(mut conn) = fx.redis_connection() {
+        for record in &records {
+            let exists: i64 = redis::cmd("EXISTS").arg(record).query_async(&mut conn).await.unwrap();
+            assert_eq!(exists, 1, "record_key {record} is not where the lock lives");
+        }
+    }
+}
+
+/// `hold_at_least` keeps the lock after a short body ends, until the minimum has passed.
+async fn hold_at_least_keeps_lock_after_body(fx: Fixture) {
+    const KEY: &str = "at-least";
+    let other = fx.other_client().await;
+    let start = Instant::now();
+    fx.client().lock(KEY).ttl(secs(10)).hold_at_least(secs(1)).run(async {}).await.expect("run");
+    assert!(other.lock_info(KEY).await.unwrap().is_some(), "released before hold_at_least");
+    assert!(other.lock(KEY).try_acquire().await.unwrap().is_none());
+    let _guard = other.lock(KEY).wait(secs(10)).acquire().await.expect("free after hold_at_least");
+    let elapsed = start.elapsed();
+    assert!(elapsed >= ms(900) && elapsed < secs(3), "held for {elapsed:?}, asked 1 s");
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Redis only: other processes, an unreachable server
+// ---------------------------------------------------------------------------------------------------------
+
+/// Spawns `hold_lock` on `key` and waits for its `ACQUIRED <token>` line.
+async fn spawn_holder(fx: &Fixture, key: &str, ttl: Duration, mode: &str) -> (tokio::process::Child, u64) {
+    let url = fx.server().expect("redis fixture").url();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hold_lock"))
+        .args([url.as_str(), key, &ttl.as_millis().to_string(), mode])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn hold_lock");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut line = String::new();
+    within(secs(20), "hold_lock's ACQUIRED line", BufReader::new(stdout).read_line(&mut line))
+        .await
+        .expect("read hold_lock's stdout");
+    let token = line
+        .trim()
+        .strip_prefix("ACQUIRED ")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected line from hold_lock: {line:?}"));
+    (child, token)
+}
+
+/// A process that aborts while holding the lock (no release, no destructors) frees it within about one
+/// ttl: the lease runs out, and a waiter notices without being told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_crashed_process_frees_lock_within_ttl() {
+    const KEY: &str = "crash";
+    let ttl = ms(1500);
+    let fx = Fixture::redis().await;
+    let (mut child, token) = spawn_holder(&fx, KEY, ttl, "abort").await;
+    let status = within(secs(10), "hold_lock aborts", child.wait()).await.expect("wait");
+    let aborted_at = Instant::now();
+    assert!(!status.success(), "hold_lock was meant to abort: {status}");
+
+    let info = fx.client().lock_info(KEY).await.unwrap().expect("an aborted holder does not release");
+    assert_eq!(info.fencing_token, token);
+
+    let guard =
+        fx.client().lock(KEY).wait(secs(15)).acquire().await.expect("free once the dead holder's lease ran out");
+    let freed = aborted_at.elapsed();
+    assert!(freed <= ttl + ms(1500), "freed {freed:?} after the crash, ttl {ttl:?}");
+    assert!(guard.fencing_token() > token);
+}
+
+/// Another process keeps its 1 s lease alive with its watchdog for several leases; once it is killed
+/// (SIGKILL), the lock is free within about one ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_process_frees_lock_within_ttl() {
+    const KEY: &str = "killed";
+    let ttl = secs(1);
+    let fx = Fixture::redis().await;
+    let (mut child, token) = spawn_holder(&fx, KEY, ttl, "hold").await;
+
+    // Work time, not an outcome: the child's watchdog must carry the lease past 2.5 ttl.
+    tokio::time::sleep(ms(2500)).await;
+    let info = fx.client().lock_info(KEY).await.unwrap().expect("the live holder's watchdog renews");
+    assert_eq!(info.fencing_token, token);
+    assert!(fx.client().lock(KEY).try_acquire().await.unwrap().is_none());
+
+    child.kill().await.expect("kill hold_lock");
+    let killed_at = Instant::now();
+    let guard =
+        fx.client().lock(KEY).wait(secs(15)).acquire().await.expect("free once the killed holder's lease ran out");
+    let freed = killed_at.elapsed();
+    assert!(freed <= ttl + ms(1500), "freed {freed:?} after the kill, ttl {ttl:?}");
+    assert!(guard.fencing_token() > token);
+}
+
+/// The server restarts (losing every key) while a guard holds a lock: the guard reports the loss, and the
+/// same client reconnects and can lock again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_server_restart_loses_lock_and_client_recovers() {
+    const KEY: &str = "restart";
+    let mut fx = Fixture::redis().await;
+    let guard = fx.client().lock(KEY).ttl(secs(1)).acquire().await.expect("acquire");
+    let before = guard.fencing_token();
+    fx.server_mut().expect("redis fixture").restart();
+
+    within(secs(5), "the guard notices the restart", guard.lost()).await;
+    assert!(guard.is_lost());
+    drop(guard);
+
+    let start = Instant::now();
+    let again = within(secs(20), "lock after the restart", async {
+        loop {
+            match fx.client().lock(KEY).wait(secs(5)).acquire().await {
+                Ok(guard) => break guard,
+                Err(LockError::Backend(e)) if start.elapsed() < secs(10) => {
+                    eprintln!("not reconnected yet: {e}");
+                    tokio::time::sleep(ms(100)).await;
+                }
+                Err(e) => panic!("cannot lock after the server restarted: {e}"),
+            }
+        }
+    })
+    .await;
+    // The counter went with the data; a new grant still works and is reported consistently.
+    let info = fx.client().lock_info(KEY).await.unwrap().expect("held");
+    assert_eq!(info.fencing_token, again.fencing_token());
+    eprintln!("fencing token {before} before the restart, {} after", again.fencing_token());
+    assert!(matches!(again.release().await.expect("release"), ReleaseOutcome::Released));
+}
+
+/// An unreachable server gives a backend error naming the server, with the password redacted.
+#[tokio::test]
+async fn redis_unreachable_server_error_names_url_without_password() {
+    let port = free_port();
+    let url = format!("redis://user:secret@127.0.0.1:{port}/");
+    let result =
+        within(secs(20), "connecting to a closed port", Client::builder().redis(url).connect_timeout(secs(2)).build())
+            .await;
+    let err = result.expect_err("nothing listens on the port");
+    let text = err.to_string();
+    let debug = format!("{err:?}");
+    assert!(matches!(err, LockError::Backend(_)), "{debug}");
+    assert!(text.contains(&format!("127.0.0.1:{port}")), "the error does not name the server: {text}");
+    assert!(!text.contains("secret"), "password in the error text: {text}");
+    assert!(!debug.contains("secret"), "password in the error's Debug: {debug}");
+}
+
+/// The two test fixtures really are the two backends.
+#[tokio::test]
+async fn fixtures_use_the_named_backends() {
+    let fx = Fixture::redis().await;
+    assert_eq!(fx.backend(), Backend::Redis);
+    let guard = fx.client().lock("where").acquire().await.unwrap();
+    let mut conn = fx.redis_connection().unwrap();
+    let exists: i64 = redis::cmd("EXISTS").arg(fx.client().record_key("where")).query_async(&mut conn).await.unwrap();
+    assert_eq!(exists, 1, "the redis fixture's lock is not in its server");
+    drop(guard);
+
+    let fx = Fixture::memory().await;
+    assert_eq!(fx.backend(), Backend::Memory);
+    assert!(fx.server().is_none());
+}
