@@ -8,6 +8,7 @@ use once_cell::sync::OnceCell;
 
 use crate::backend::Timeouts;
 use crate::backend::{Backend, ConnectSettings, LockKeys, MemoryBackend, RedisBackend};
+use crate::renewer::Renewer;
 use crate::{LockError, LockRequest};
 
 /// A handle to a lock store (one Redis server, or this process's memory). Cheap to clone; clones share one
@@ -30,6 +31,7 @@ pub struct Client {
 pub(crate) struct ClientInner {
     pub(crate) backend: Backend,
     pub(crate) prefix: String,
+    pub(crate) renewer: Renewer,
 }
 
 impl std::fmt::Debug for Client {
@@ -229,7 +231,7 @@ impl ClientBuilder {
             }
             Store::Memory => Backend::Memory(MemoryBackend::default()),
         };
-        Ok(Client { inner: Arc::new(ClientInner { backend, prefix: self.prefix }) })
+        Ok(Client { inner: Arc::new(ClientInner { backend, prefix: self.prefix, renewer: Renewer::default() }) })
     }
 }
 

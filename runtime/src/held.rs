@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::guard::Grant;
+use crate::grant::Grant;
 use crate::Client;
 
 #[derive(Clone, Default)]

@@ -45,6 +45,7 @@
 mod backend;
 mod client;
 mod error;
+mod grant;
 mod guard;
 mod held;
 mod request;
@@ -56,6 +57,7 @@ pub mod __private {
     pub use crate::private::*;
 }
 mod private;
+mod renewer;
 
 pub use client::{client, install, with_client, Client, ClientBuilder, LockInfo};
 pub use distlock_macros::distributed_lock;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::{Attempt, ReleaseWatch};
-use crate::guard::{Grant, HoldLimits, Lease};
+use crate::grant::{Grant, HoldLimits, Lease};
 use crate::{held, Client, LockError, LockGuard, LockToken, ReleaseOutcome};
 
 /// The shortest lease accepted: below it, one slow round trip would eat the whole lease.

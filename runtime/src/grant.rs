@@ -1,0 +1,164 @@
+//! One grant of a lock: its lease as this process knows it, and the rule that no command carries its token
+//! after it is finished (released, dropped or lost).
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+use crate::backend::LockKeys;
+use crate::{Client, LockError, LockToken, ReleaseOutcome};
+
+/// The allowance for clock-rate drift between this process and Redis: 1% of the lease plus 2 ms.
+pub(crate) fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// The lease as this process knows it, in monotonic time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Lease {
+    /// The lease length renewals ask for.
+    pub(crate) ttl: Duration,
+    /// When the last successful acquire, renewal or extend was sent.
+    pub(crate) renewed_from: Instant,
+    /// Until when the lock is surely ours: `renewed_from + ttl - drift`.
+    pub(crate) valid_until: Instant,
+    /// Known lost: a renewal said so, or `valid_until` passed without one.
+    pub(crate) lost: bool,
+}
+
+impl Lease {
+    pub(crate) fn starting(ttl: Duration, sent: Instant) -> Self {
+        Self { ttl, renewed_from: sent, valid_until: sent + ttl.saturating_sub(drift(ttl)), lost: false }
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost || Instant::now() >= self.valid_until
+    }
+
+    /// When the next renewal is due: a third of the lease after the last one.
+    pub(crate) fn renew_at(&self) -> Instant {
+        self.renewed_from + self.ttl / 3
+    }
+}
+
+/// Bounds on how long a grant is held, from the request.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct HoldLimits {
+    pub(crate) hold_at_least: Option<Duration>,
+    pub(crate) max_hold: Option<Duration>,
+}
+
+/// No renewal in flight; renewals may start.
+const IDLE: u8 = 0;
+/// A renewal is in flight.
+const RENEWING: u8 = 1;
+/// Released, dropped or lost: no command with this token may start.
+const FINISHED: u8 = 2;
+
+/// One grant of a lock: shared by the guard, the renewer and nested (reentrant) guards.
+#[derive(Debug)]
+pub(crate) struct Grant {
+    pub(crate) client: Client,
+    pub(crate) keys: LockKeys,
+    pub(crate) token: LockToken,
+    pub(crate) fence: u64,
+    pub(crate) acquired_at: Instant,
+    pub(crate) hold_at_least: Option<Duration>,
+    /// With `max_hold`: no renewal is sent after this instant.
+    pub(crate) max_hold_until: Option<Instant>,
+    pub(crate) lease: watch::Sender<Lease>,
+    /// IDLE, RENEWING or FINISHED.
+    state: AtomicU8,
+    /// Tells a waiting release that the renewal in flight has come back.
+    renewal_done: Notify,
+    /// Bumped whenever the renewal schedule changes; the renewer ignores entries of older generations.
+    pub(crate) schedule: AtomicU64,
+}
+
+impl Grant {
+    pub(crate) fn new(
+        client: Client,
+        keys: LockKeys,
+        token: LockToken,
+        fence: u64,
+        lease: Lease,
+        limits: HoldLimits,
+    ) -> Self {
+        Self {
+            client,
+            keys,
+            token,
+            fence,
+            acquired_at: lease.renewed_from,
+            hold_at_least: limits.hold_at_least,
+            max_hold_until: limits.max_hold.and_then(|m| lease.renewed_from.checked_add(m)),
+            lease: watch::Sender::new(lease),
+            state: AtomicU8::new(IDLE),
+            renewal_done: Notify::new(),
+            schedule: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn lease(&self) -> Lease {
+        *self.lease.borrow()
+    }
+
+    pub(crate) fn is_finished(&self) -> bool {
+        self.state.load(Ordering::Acquire) == FINISHED
+    }
+
+    /// Marks the grant lost (once; later calls do nothing) and wakes everyone waiting on `lost()`.
+    pub(crate) fn mark_lost(&self, why: &str) {
+        let newly = self.lease.send_if_modified(|l| !std::mem::replace(&mut l.lost, true));
+        if newly && !self.is_finished() {
+            tracing::warn!(key = %self.keys.name, token = %self.token, "distlock: lock lost: {why}");
+        }
+    }
+
+    /// Sends one renewal, unless the grant is finished; `None` when it was not sent.
+    pub(crate) async fn renew(&self, ttl: Duration) -> Option<Result<bool, LockError>> {
+        if self.state.compare_exchange(IDLE, RENEWING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return None;
+        }
+        // Ends the in-flight state even if this future is dropped mid-call (a timeout).
+        let _in_flight = InFlight(self);
+        Some(self.client.inner.backend.renew(&self.keys, &self.token, ttl).await)
+    }
+
+    /// Finishes the grant without a release (it is lost, or the runtime is gone): no command follows.
+    pub(crate) fn abandon(&self) {
+        self.state.store(FINISHED, Ordering::Release);
+    }
+
+    /// Finishes the grant and releases it, after any renewal in flight has come back, so that no renewal
+    /// follows the release.
+    pub(crate) async fn release(&self) -> Result<ReleaseOutcome, LockError> {
+        let renewal_back = self.renewal_done.notified();
+        tokio::pin!(renewal_back);
+        renewal_back.as_mut().enable();
+        if self.state.swap(FINISHED, Ordering::AcqRel) == RENEWING {
+            renewal_back.await;
+        }
+        let keep = self.keep_after_release();
+        self.client.inner.backend.release(&self.keys, &self.token, keep).await
+    }
+
+    /// How long the record should outlive the release, for `hold_at_least`.
+    fn keep_after_release(&self) -> Option<Duration> {
+        self.hold_at_least.and_then(|h| h.checked_sub(self.acquired_at.elapsed())).filter(|k| !k.is_zero())
+    }
+}
+
+/// A renewal in flight; on drop, back to IDLE, or, if the grant was finished meanwhile, tell the release.
+struct InFlight<'a>(&'a Grant);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let grant = self.0;
+        if grant.state.compare_exchange(RENEWING, IDLE, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            grant.renewal_done.notify_one();
+        }
+    }
+}
