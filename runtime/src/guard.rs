@@ -161,6 +161,27 @@ impl LockGuard {
     }
 }
 
+/// The lock held by the lock body running now — the innermost [`LockRequest::run`](crate::LockRequest::run) or
+/// `#[distributed_lock]` function around this call — as a nested guard: read its key and fencing token, watch
+/// for its loss, extend it. Dropping or releasing it leaves the hold in place. `None` outside a lock body
+/// (including in tasks spawned from one: they are not owners).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+/// # let client = distlock::Client::builder().memory().build().await?;
+/// let token = client.lock("report:42").run(async {
+///     let lock = distlock::current_lock().expect("inside a lock body");
+///     assert_eq!(lock.key(), "report:42");
+///     lock.fencing_token() // send this with every write the lock protects
+/// }).await?;
+/// assert!(token >= 1);
+/// assert!(distlock::current_lock().is_none());
+/// # Ok(()) }
+/// ```
+pub fn current_lock() -> Option<LockGuard> {
+    crate::held::innermost().map(LockGuard::nested)
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if self.released {

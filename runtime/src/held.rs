@@ -21,6 +21,11 @@ pub(crate) fn find(client: &Client, key: &str) -> Option<Arc<Grant>> {
         .flatten()
 }
 
+/// The grant most recently taken by the lock body being polled right now.
+pub(crate) fn innermost() -> Option<Arc<Grant>> {
+    HELD.try_with(|held| held.0.last().cloned()).ok().flatten()
+}
+
 /// Runs `body` as the owner of `grant`, on top of the grants the enclosing body already holds.
 pub(crate) async fn scope<F: Future>(grant: Arc<Grant>, body: F) -> F::Output {
     let mut grants: Vec<Arc<Grant>> = HELD.try_with(|held| held.0.as_ref().clone()).unwrap_or_default();

@@ -62,6 +62,6 @@ mod renewer;
 pub use client::{client, install, with_client, Client, ClientBuilder, LockInfo};
 pub use distlock_macros::distributed_lock;
 pub use error::{BackendError, LockError};
-pub use guard::{LockGuard, ReleaseOutcome};
+pub use guard::{current_lock, LockGuard, ReleaseOutcome};
 pub use request::{LockRequest, OnLost, RetryStrategy};
 pub use token::LockToken;

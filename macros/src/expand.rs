@@ -1,0 +1,359 @@
+//! Code generation: rewrites the `async fn` so that its body runs under the lock.
+//!
+//! ```text
+//! #[attrs] vis async fn name<G>(params) -> R where .. {
+//!     #![inner attrs]
+//!     path::assert_locked_return::<R>();                    // spanned on `R`
+//!     let key = { let mut buf = path::KeyBuf::new(); buf.push_literal("report:"); buf.push_value(&id); buf.finish() };
+//!     static SPEC: path::LockSpec = path::LockSpec { ttl: Duration::from_millis(30000), .. };
+//!     path::run_locked(&SPEC, key, async move {
+//!         if false { let fake: R = loop {}; return fake; }   // pins the block's output type to `R`
+//!         original body statements
+//!     }).await
+//! }
+//! ```
+//!
+//! `path` is `::distlock::__private` (or `<crate>::__private`); generated local names use
+//! `Span::mixed_site()` so they cannot clash with the user's names.
+
+use proc_macro2::{Literal, Span, TokenStream};
+use quote::{quote, quote_spanned, ToTokens};
+use syn::spanned::Spanned;
+use syn::visit_mut::VisitMut;
+use syn::{AttrStyle, Ident, Index, ItemFn, ReturnType, TraitItemFn, Type};
+
+use crate::parse::{parse_args, Args, Key, OnLost};
+use crate::template::{Placeholder, Segment};
+use crate::validate::{span_in, validate_fn};
+use crate::Errors;
+
+/// Entry point: parses, validates and expands; on any error returns the errors beside the unchanged item.
+pub(crate) fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
+    let mut errors = Errors::default();
+    let args = parse_args(args, &mut errors);
+    let function = match syn::parse2::<ItemFn>(item.clone()) {
+        Ok(function) => function,
+        Err(error) => {
+            errors.push(not_a_function(&item, error));
+            return with_errors(errors, item);
+        }
+    };
+    validate_fn(&function, args.key.as_ref(), &mut errors);
+    if !errors.is_empty() {
+        return with_errors(errors, item);
+    }
+    match generate(&function, &args) {
+        Ok(tokens) => tokens,
+        Err(error) => {
+            errors.push(error);
+            with_errors(errors, item)
+        }
+    }
+}
+
+/// The compile errors followed by the original item, untouched, so the rest of the crate still type-checks.
+fn with_errors(mut errors: Errors, item: TokenStream) -> TokenStream {
+    let errors = errors.take().map(|e| e.to_compile_error());
+    quote!(#errors #item)
+}
+
+fn not_a_function(item: &TokenStream, error: syn::Error) -> syn::Error {
+    if let Ok(declaration) = syn::parse2::<TraitItemFn>(item.clone()) {
+        if declaration.default.is_none() {
+            return syn::Error::new(
+                declaration.sig.ident.span(),
+                "`#[distributed_lock]` needs a function body: put it on the `async fn` in the `impl`, \
+                 not on the trait's declaration",
+            );
+        }
+    }
+    syn::Error::new(
+        error.span(),
+        format!("`#[distributed_lock]` can only be applied to an `async fn` with a body ({error})"),
+    )
+}
+
+fn generate(function: &ItemFn, args: &Args) -> syn::Result<TokenStream> {
+    let Some(key) = &args.key else {
+        return Err(syn::Error::new(Span::call_site(), "missing required argument `key`"));
+    };
+    let ItemFn { attrs, vis, sig, block } = function;
+    let outer = attrs.iter().filter(|a| matches!(a.style, AttrStyle::Outer));
+    let inner = attrs.iter().filter(|a| matches!(a.style, AttrStyle::Inner(_)));
+    let private = match &args.krate {
+        Some(path) => quote!(#path::__private),
+        None => quote!(::distlock::__private),
+    };
+
+    let return_type = match &sig.output {
+        ReturnType::Type(_, ty) => &**ty,
+        // Rejected by validation; kept total for safety.
+        ReturnType::Default => return Err(syn::Error::new(sig.ident.span(), "missing return type")),
+    };
+    // The first token of the return type (what `Spanned::span` gives on stable). The call to `run_locked` and
+    // its `.await` both get this one span so that their identical errors are merged by the compiler.
+    let return_start = return_type.span();
+    let assert_return = quote_spanned! {return_start=>
+        #private::assert_locked_return::<#return_type>();
+    };
+    let kind = classify(return_type);
+    if let ReturnKind::NotResult = kind {
+        // Certainly wrong: report just the `LockedReturn` diagnostic and leave the body alone, rather than
+        // adding the type errors that the rewritten body would cause on top of it.
+        if contains_impl_trait(return_type) {
+            // `assert_locked_return::<impl Trait>()` is not valid Rust, so say it ourselves.
+            return Err(syn::Error::new_spanned(
+                return_type,
+                format!(
+                    "`{}` must return `Result<_, E>` where `E: From<distlock::LockError>`, so that a busy, lost or \
+                     unconfigured lock can be reported to the caller",
+                    syn::ext::IdentExt::unraw(&sig.ident)
+                ),
+            ));
+        }
+        let body = &block.stmts;
+        return Ok(quote! {
+            #(#outer)*
+            #vis #sig {
+                #(#inner)*
+                #assert_return
+                #(#body)*
+            }
+        });
+    }
+    let assert_return = match kind {
+        // `Result<T, E>`: `run_locked`'s own bound reports an `E` without `From<LockError>`, once.
+        ReturnKind::Result => None,
+        // `assert_locked_return::<Result<_, E>>()` could not infer `_`, so `impl Trait` inside the return type
+        // leaves the check to `run_locked`'s bounds.
+        _ if contains_impl_trait(return_type) => None,
+        // A type alias or some other type: check it explicitly, with the runtime's on_unimplemented message.
+        _ => Some(assert_return),
+    };
+    let mut erased = return_type.clone();
+    EraseImplTrait.visit_type_mut(&mut erased);
+
+    let key_var = Ident::new("__distlock_key", Span::mixed_site());
+    let render_key = render_key(key, &private)?;
+    let spec_var = Ident::new("__DISTLOCK_SPEC", Span::mixed_site());
+    let spec = lock_spec(args, &private, &sig.ident);
+    let fake = Ident::new("__distlock_fake_return", Span::mixed_site());
+    // The statements, not the block: `async move { edge; { expr } }` would trip the `unused_braces` lint.
+    let body = &block.stmts;
+    let fake_return_edge = quote_spanned! {return_start=>
+        #[allow(
+            unreachable_code,
+            clippy::diverging_sub_expression,
+            clippy::empty_loop,
+            clippy::let_unit_value,
+            clippy::needless_return,
+            clippy::unreachable
+        )]
+        if false {
+            let #fake: #erased = loop {};
+            return #fake;
+        }
+    };
+
+    // Spanned on the return type: if it is not a valid `Result`, the errors from `run_locked`'s bounds point
+    // there (and identical ones are merged by the compiler) instead of at the attribute.
+    let private_at_return = respan(private.clone(), return_start);
+    let run_locked = quote_spanned! {return_start=>
+        #private_at_return::run_locked(&#spec_var, #key_var, async move {
+            #fake_return_edge
+            #(#body)*
+        })
+        .await
+    };
+
+    Ok(quote! {
+        #(#outer)*
+        #vis #sig {
+            #(#inner)*
+            #assert_return
+            let #key_var = #render_key;
+            static #spec_var: #private::LockSpec = #spec;
+            #run_locked
+        }
+    })
+}
+
+/// What the return type is, as far as its syntax tells.
+enum ReturnKind {
+    /// `Result<T, E>` (any path ending in `Result` with two type arguments).
+    Result,
+    /// Certainly not a `Result`: a tuple, reference, primitive, `Option`, `Vec`, `String`, ...
+    NotResult,
+    /// Anything else, e.g. a type alias such as `io::Result<T>` or `AppResult<T>`.
+    Unknown,
+}
+
+fn classify(ty: &Type) -> ReturnKind {
+    const NOT_RESULT: &[&str] = &[
+        "bool", "char", "str", "String", "Option", "Vec", "Box", "u8", "u16", "u32", "u64", "u128", "usize", "i8",
+        "i16", "i32", "i64", "i128", "isize", "f32", "f64",
+    ];
+    match ty {
+        Type::Paren(paren) => classify(&paren.elem),
+        Type::Group(group) => classify(&group.elem),
+        Type::Path(path) if path.qself.is_none() => {
+            let Some(last) = path.path.segments.last() else { return ReturnKind::Unknown };
+            let type_args = match &last.arguments {
+                syn::PathArguments::AngleBracketed(args) => {
+                    args.args.iter().filter(|a| matches!(a, syn::GenericArgument::Type(_))).count()
+                }
+                _ => 0,
+            };
+            if last.ident == "Result" && type_args == 2 {
+                ReturnKind::Result
+            } else if NOT_RESULT.iter().any(|name| last.ident == name) {
+                ReturnKind::NotResult
+            } else {
+                ReturnKind::Unknown
+            }
+        }
+        Type::Tuple(_)
+        | Type::Reference(_)
+        | Type::Array(_)
+        | Type::Slice(_)
+        | Type::Ptr(_)
+        | Type::BareFn(_)
+        | Type::Never(_)
+        | Type::TraitObject(_)
+        | Type::ImplTrait(_) => ReturnKind::NotResult,
+        _ => ReturnKind::Unknown,
+    }
+}
+
+fn contains_impl_trait(ty: &Type) -> bool {
+    let mut ty = ty.clone();
+    let mut finder = FindImplTrait(false);
+    finder.visit_type_mut(&mut ty);
+    finder.0
+}
+
+/// `{ let mut buf = KeyBuf::new(); buf.push_literal(..); buf.push_value(&..); buf.finish() }`.
+fn render_key(key: &Key, private: &TokenStream) -> syn::Result<TokenStream> {
+    let buf = Ident::new("__distlock_key_buf", Span::mixed_site());
+    let mut pushes = Vec::new();
+    for segment in &key.template.segments {
+        pushes.push(match segment {
+            Segment::Text(text) => quote!(#buf.push_literal(#text);),
+            Segment::Placeholder(placeholder) => {
+                let span = span_in(&key.lit, placeholder.range.clone());
+                let value = placeholder_expr(placeholder, span)?;
+                // Spanned on the placeholder so that a value that is not `Display` is reported there.
+                quote_spanned!(span=> #buf.push_value(&#value);)
+            }
+        });
+    }
+    Ok(quote! {{
+        let mut #buf = #private::KeyBuf::new();
+        #(#pushes)*
+        #buf.finish()
+    }})
+}
+
+/// The expression a placeholder stands for, e.g. `req.user.id` or `self.tenant`, with the user's hygiene.
+fn placeholder_expr(placeholder: &Placeholder, span: Span) -> syn::Result<TokenStream> {
+    let invalid = || syn::Error::new(span, format!("invalid placeholder `{}`", placeholder.display()));
+    let mut tokens = TokenStream::new();
+    for (index, segment) in placeholder.path.iter().enumerate() {
+        if index > 0 {
+            tokens.extend(quote_spanned!(span=> .));
+        }
+        if index == 0 && segment == "self" {
+            tokens.extend(quote_spanned!(span=> self));
+        } else if index > 0 && segment.bytes().all(|b| b.is_ascii_digit()) {
+            let index: u32 = segment.parse().map_err(|_| invalid())?;
+            Index { index, span }.to_tokens(&mut tokens);
+        } else {
+            let mut ident = syn::parse_str::<Ident>(segment)
+                .or_else(|_| syn::parse_str::<Ident>(&format!("r#{segment}")))
+                .map_err(|_| invalid())?;
+            ident.set_span(span);
+            ident.to_tokens(&mut tokens);
+        }
+    }
+    Ok(tokens)
+}
+
+/// The `LockSpec { .. }` constant expression.
+fn lock_spec(args: &Args, private: &TokenStream, fn_name: &Ident) -> TokenStream {
+    let millis = |ms: u64| {
+        let ms = Literal::u64_suffixed(ms);
+        quote!(#private::Duration::from_millis(#ms))
+    };
+    let ttl = millis(args.ttl_ms);
+    let wait = millis(args.wait_ms);
+    let hold_at_least = match args.hold_at_least_ms {
+        Some(ms) => {
+            let duration = millis(ms);
+            quote!(::core::option::Option::Some(#duration))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let on_lost = match args.on_lost {
+        OnLost::Abort => quote!(#private::OnLost::Abort),
+        OnLost::Continue => quote!(#private::OnLost::Continue),
+    };
+    let metadata = match &args.metadata {
+        Some(lit) => lit.to_token_stream(),
+        None => {
+            let name = syn::ext::IdentExt::unraw(fn_name).to_string();
+            quote!(::core::concat!(::core::module_path!(), "::", #name))
+        }
+    };
+    quote! {
+        #private::LockSpec {
+            ttl: #ttl,
+            wait: #wait,
+            hold_at_least: #hold_at_least,
+            on_lost: #on_lost,
+            metadata: #metadata,
+        }
+    }
+}
+
+/// `tokens` with every span set to `span` (same hygiene: both are spans of the user's code).
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut token| {
+            if let proc_macro2::TokenTree::Group(group) = &token {
+                let mut new = proc_macro2::Group::new(group.delimiter(), respan(group.stream(), span));
+                new.set_span(span);
+                token = new.into();
+            } else {
+                token.set_span(span);
+            }
+            token
+        })
+        .collect()
+}
+
+/// Replaces `impl Trait` with `_` (not allowed in a `let` type).
+struct EraseImplTrait;
+
+impl VisitMut for EraseImplTrait {
+    fn visit_type_mut(&mut self, ty: &mut Type) {
+        if let Type::ImplTrait(impl_trait) = ty {
+            *ty = Type::Infer(syn::TypeInfer { underscore_token: syn::Token![_](impl_trait.span()) });
+        } else {
+            syn::visit_mut::visit_type_mut(self, ty);
+        }
+    }
+}
+
+/// Records whether a type mentions `impl Trait`.
+struct FindImplTrait(bool);
+
+impl VisitMut for FindImplTrait {
+    fn visit_type_mut(&mut self, ty: &mut Type) {
+        if matches!(ty, Type::ImplTrait(_)) {
+            self.0 = true;
+        } else {
+            syn::visit_mut::visit_type_mut(self, ty);
+        }
+    }
+}

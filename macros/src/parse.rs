@@ -1,0 +1,243 @@
+//! Parsing of the attribute's arguments: `key`, `ttl`, `wait`, `hold_at_least`, `on_lost`, `metadata`, `crate`.
+//!
+//! Syntax errors (a missing `=` or comma) stop parsing; every other problem (unknown, duplicate or missing
+//! argument, bad value) is collected so that all of them are reported together.
+
+use proc_macro2::Span;
+use syn::ext::IdentExt;
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path, Token};
+
+use crate::duration::parse_duration;
+use crate::template::{parse_template_lenient, Template};
+use crate::validate::closest;
+use crate::Errors;
+
+/// Default `ttl` when the argument is absent, in milliseconds.
+pub(crate) const DEFAULT_TTL_MS: u64 = 30_000;
+/// Default `wait` when the argument is absent, in milliseconds (0: a single attempt).
+pub(crate) const DEFAULT_WAIT_MS: u64 = 0;
+
+/// Smallest `ttl` the runtime accepts, in milliseconds (its `LockRequest::ttl` check).
+const MIN_TTL_MS: u64 = 100;
+/// Largest `ttl` the runtime accepts, in milliseconds (`i64::MAX / 4`, a bound Redis can store).
+const MAX_TTL_MS: u64 = i64::MAX as u64 / 4;
+
+/// Every argument the attribute accepts, in the order the docs list them.
+const KNOWN: &[&str] = &["key", "ttl", "wait", "hold_at_least", "on_lost", "metadata", "crate"];
+
+/// What to do when the lock is lost while the body runs (`on_lost = "abort" | "continue"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnLost {
+    /// Drop the body future and return the `Lost` error (the default).
+    Abort,
+    /// Let the body finish; the lock is no longer held.
+    Continue,
+}
+
+/// The key template together with the literal it was written in (for spans).
+#[derive(Debug)]
+pub(crate) struct Key {
+    /// The literal as written, used to point errors into the template.
+    pub(crate) lit: LitStr,
+    /// The parsed template: when the literal has errors, only its valid parts.
+    pub(crate) template: Template,
+}
+
+/// The validated arguments of one `#[distributed_lock(...)]`.
+#[derive(Debug)]
+pub(crate) struct Args {
+    /// The lock key template (possibly partial, if errors were recorded); `None` only when an error about it
+    /// has been recorded.
+    pub(crate) key: Option<Key>,
+    /// Lease length in milliseconds (renewed by the watchdog while the body runs).
+    pub(crate) ttl_ms: u64,
+    /// How long to wait for a busy lock, in milliseconds.
+    pub(crate) wait_ms: u64,
+    /// Minimum time the lock stays held after the call started, in milliseconds.
+    pub(crate) hold_at_least_ms: Option<u64>,
+    /// Behaviour when the lock is lost.
+    pub(crate) on_lost: OnLost,
+    /// Explicit metadata, or `None` for `module_path::fn_name`.
+    pub(crate) metadata: Option<LitStr>,
+    /// Path to the `distlock` crate (default `::distlock`).
+    pub(crate) krate: Option<Path>,
+}
+
+/// One `name = value` pair, before its name or value is checked.
+struct RawArg {
+    name: Ident,
+    value: Expr,
+}
+
+impl Parse for RawArg {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        // `parse_any` so that the keyword `crate` is accepted as a name.
+        let name = Ident::parse_any(input).map_err(|e| {
+            syn::Error::new(
+                e.span(),
+                format!("expected an argument such as `key = \"report:<id>\"`; known arguments: {}", KNOWN.join(", ")),
+            )
+        })?;
+        if !input.peek(Token![=]) {
+            return Err(syn::Error::new(
+                name.span(),
+                format!("expected `=` after `{name}`: arguments are written `{name} = \"...\"`"),
+            ));
+        }
+        input.parse::<Token![=]>()?;
+        let value = input.parse()?;
+        Ok(RawArg { name, value })
+    }
+}
+
+/// Syntax of the whole argument list: `name = value` pairs separated by commas.
+struct RawArgs(Punctuated<RawArg, Token![,]>);
+
+impl Parse for RawArgs {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        Punctuated::parse_terminated(input).map(RawArgs)
+    }
+}
+
+/// Parses and validates the attribute arguments, recording every problem in `errors`.
+///
+/// Absent arguments get their defaults; an invalid one is recorded and left at its default, so the result is only
+/// meaningful when no error was recorded (the key, when valid, is still usable to check placeholders).
+pub(crate) fn parse_args(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Args {
+    let mut syntax_ok = true;
+    let raw = match syn::parse2::<RawArgs>(tokens) {
+        Ok(RawArgs(raw)) => raw,
+        Err(e) => {
+            errors.push(e);
+            syntax_ok = false;
+            Punctuated::new()
+        }
+    };
+    let mut seen: Vec<Ident> = Vec::new();
+
+    let mut key = None;
+    let mut ttl_ms = None;
+    let mut wait_ms = None;
+    let mut hold_at_least_ms = None;
+    let mut on_lost = None;
+    let mut metadata = None;
+    let mut krate = None;
+
+    for RawArg { name, value } in raw {
+        let name_str = name.unraw().to_string();
+        if !KNOWN.contains(&name_str.as_str()) {
+            let hint =
+                closest(&name_str, KNOWN.iter().copied()).map(|c| format!("did you mean `{c}`? ")).unwrap_or_default();
+            errors.push(syn::Error::new(
+                name.span(),
+                format!("unknown argument `{name_str}`; {hint}known arguments: {}", KNOWN.join(", ")),
+            ));
+            continue;
+        }
+        if seen.iter().any(|s| s == &name_str) {
+            errors.push(syn::Error::new(
+                name.span(),
+                format!("duplicate argument `{name_str}`: each argument can be given once"),
+            ));
+            continue;
+        }
+        seen.push(name.clone());
+        let Some(lit) = string_literal(&name_str, &value, errors) else {
+            continue;
+        };
+        match name_str.as_str() {
+            "key" => {
+                let (template, template_errors) = parse_template_lenient(&lit.value());
+                for e in template_errors {
+                    errors.push(syn::Error::new(crate::validate::span_in(&lit, e.range), e.message));
+                }
+                key = Some(Key { lit, template });
+            }
+            "ttl" => {
+                ttl_ms = duration(&name_str, &lit, errors);
+                let problem = match ttl_ms {
+                    Some(0) => Some("it must be greater than zero".to_owned()),
+                    Some(ms) if ms < MIN_TTL_MS => Some(format!("it must be at least {MIN_TTL_MS}ms")),
+                    Some(ms) if ms > MAX_TTL_MS => Some(format!("it must be at most {MAX_TTL_MS}ms, what Redis can store")),
+                    _ => None,
+                };
+                if let Some(problem) = problem {
+                    errors.push(syn::Error::new(
+                        lit.span(),
+                        format!("invalid `ttl`: {problem} (it is how long the lock lives if this process stops renewing it)"),
+                    ));
+                }
+            }
+            "wait" => wait_ms = duration(&name_str, &lit, errors),
+            "hold_at_least" => hold_at_least_ms = duration(&name_str, &lit, errors),
+            "on_lost" => match lit.value().as_str() {
+                "abort" => on_lost = Some(OnLost::Abort),
+                "continue" => on_lost = Some(OnLost::Continue),
+                other => errors.push(syn::Error::new(
+                    lit.span(),
+                    format!("unknown `on_lost` value {other:?}; expected \"abort\" (the default: drop the body and return the Lost error) or \"continue\""),
+                )),
+            },
+            "metadata" => metadata = Some(lit),
+            _ => match lit.parse::<Path>() {
+                Ok(path) => krate = Some(path),
+                Err(_) => errors.push(syn::Error::new(
+                    lit.span(),
+                    format!("`crate` expects a path to the distlock crate, such as \"distlock\" or \"::my_app::distlock\"; found {:?}", lit.value()),
+                )),
+            },
+        }
+    }
+
+    // After a syntax error the arguments were not read, so `key` may well be there.
+    if syntax_ok && !seen.iter().any(|s| s == "key") {
+        errors.push(syn::Error::new(
+            Span::call_site(),
+            "missing required argument `key`, e.g. `#[distributed_lock(key = \"report:<id>\")]`",
+        ));
+    }
+    Args {
+        key,
+        ttl_ms: ttl_ms.unwrap_or(DEFAULT_TTL_MS),
+        wait_ms: wait_ms.unwrap_or(DEFAULT_WAIT_MS),
+        hold_at_least_ms,
+        on_lost: on_lost.unwrap_or(OnLost::Abort),
+        metadata,
+        krate,
+    }
+}
+
+/// Returns the string literal of an argument, or records an error on the value.
+fn string_literal(name: &str, value: &Expr, errors: &mut Errors) -> Option<LitStr> {
+    if let Expr::Lit(ExprLit { lit: Lit::Str(lit), attrs }) = value {
+        if attrs.is_empty() {
+            return Some(lit.clone());
+        }
+    }
+    let message = match name {
+        "key" => "`key` must be a string literal such as \"report:<id>\": the template is checked at compile time; \
+                  put parameters in it as `<name>` placeholders instead of formatting the key yourself"
+            .to_owned(),
+        "ttl" | "wait" | "hold_at_least" => {
+            format!("`{name}` must be a string literal duration such as \"500ms\", \"5s\", \"2m\", \"1h\" or \"1m30s\"")
+        }
+        "on_lost" => "`on_lost` must be the string literal \"abort\" or \"continue\"".to_owned(),
+        "metadata" => "`metadata` must be a string literal".to_owned(),
+        _ => "`crate` must be a string literal path, such as \"distlock\"".to_owned(),
+    };
+    errors.push(syn::Error::new_spanned(value, message));
+    None
+}
+
+/// Parses a duration argument, recording an error on the literal if it is invalid.
+fn duration(name: &str, lit: &LitStr, errors: &mut Errors) -> Option<u64> {
+    match parse_duration(&lit.value()) {
+        Ok(ms) => Some(ms),
+        Err(e) => {
+            errors.push(syn::Error::new(lit.span(), format!("invalid `{name}`: {e}")));
+            None
+        }
+    }
+}

@@ -1,0 +1,10 @@
+use distlock::distributed_lock;
+
+#[distributed_lock(key = "report:<id>")]
+async fn build_report(id: u64) {
+    let _ = id;
+}
+
+fn main() {
+    drop(build_report(1));
+}
