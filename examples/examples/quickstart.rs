@@ -33,18 +33,13 @@ impl std::fmt::Display for AppError {
     }
 }
 
-/// The fencing token of the lock `key`, read from the store. Every grant of a key gets a higher token than the
-/// one before; storage that rejects writes carrying a lower token than it has seen is safe even against a
-/// holder that paused past its lease.
-async fn fencing_token(key: &str) -> Result<u64, LockError> {
-    let info = distlock::client()?.lock_info(key).await?;
-    Ok(info.map_or(0, |info| info.fencing_token))
-}
-
 /// Only one process at a time builds a given report; a busy lock is skipped (`wait` defaults to "0s").
 #[distributed_lock(key = "report:<id>", ttl = "10s")]
 async fn build_report(id: u64, worker: usize) -> Result<String, AppError> {
-    let token = fencing_token(&format!("report:{id}")).await?;
+    // The lock this call holds. Its fencing token is higher than that of every earlier grant of the key: storage
+    // that rejects writes carrying a lower token than it has seen is safe even against a holder that paused past
+    // its lease.
+    let token = distlock::current_lock().expect("inside the lock body").fencing_token();
     println!("  worker {worker}: building report {id} under fencing token {token}");
     tokio::time::sleep(Duration::from_millis(300)).await; // the slow part
     Ok(format!("report {id} (built by worker {worker}, token {token})"))
@@ -53,7 +48,7 @@ async fn build_report(id: u64, worker: usize) -> Result<String, AppError> {
 /// The same, but a busy lock is waited for, up to 5 s.
 #[distributed_lock(key = "report:<id>", ttl = "10s", wait = "5s")]
 async fn build_report_waiting(id: u64, worker: usize) -> Result<String, AppError> {
-    let token = fencing_token(&format!("report:{id}")).await?;
+    let token = distlock::current_lock().expect("inside the lock body").fencing_token();
     println!("  worker {worker}: building report {id} under fencing token {token}");
     tokio::time::sleep(Duration::from_millis(100)).await;
     Ok(format!("report {id} (built by worker {worker}, token {token})"))

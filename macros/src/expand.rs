@@ -3,15 +3,18 @@
 //! ```text
 //! #[attrs] vis async fn name<G>(params) -> R where .. {
 //!     #![inner attrs]
-//!     path::assert_locked_return::<R>();                    // spanned on `R`
 //!     let key = { let mut buf = path::KeyBuf::new(); buf.push_literal("report:"); buf.push_value(&id); buf.finish() };
 //!     static SPEC: path::LockSpec = path::LockSpec { ttl: Duration::from_millis(30000), .. };
-//!     path::run_locked(&SPEC, key, async move {
+//!     path::run_locked(&SPEC, key, async move {            // spanned on `R`: `R: LockedReturn` is checked here
 //!         if false { let fake: R = loop {}; return fake; }   // pins the block's output type to `R`
 //!         original body statements
 //!     }).await
 //! }
 //! ```
+//!
+//! The return type is not inspected (only `-> impl Trait`, never a `Result`, is refused here): `run_locked`'s
+//! `R: LockedReturn` bound reports a wrong one, once, on the return type, with the runtime's `on_unimplemented`
+//! message.
 //!
 //! `path` is `::distlock::__private` (or `<crate>::__private`); generated local names use
 //! `Span::mixed_site()` so they cannot clash with the user's names.
@@ -90,46 +93,19 @@ fn generate(function: &ItemFn, args: &Args) -> syn::Result<TokenStream> {
         // Rejected by validation; kept total for safety.
         ReturnType::Default => return Err(syn::Error::new(sig.ident.span(), "missing return type")),
     };
-    // The first token of the return type (what `Spanned::span` gives on stable). The call to `run_locked` and
-    // its `.await` both get this one span so that their identical errors are merged by the compiler.
-    let return_start = return_type.span();
-    let assert_return = quote_spanned! {return_start=>
-        #private::assert_locked_return::<#return_type>();
-    };
-    let kind = classify(return_type);
-    if let ReturnKind::NotResult = kind {
-        // Certainly wrong: report just the `LockedReturn` diagnostic and leave the body alone, rather than
-        // adding the type errors that the rewritten body would cause on top of it.
-        if contains_impl_trait(return_type) {
-            // `assert_locked_return::<impl Trait>()` is not valid Rust, so say it ourselves.
-            return Err(syn::Error::new_spanned(
-                return_type,
-                format!(
-                    "`{}` must return `Result<_, E>` where `E: From<distlock::LockError>`, so that a busy, lost or \
-                     unconfigured lock can be reported to the caller",
-                    syn::ext::IdentExt::unraw(&sig.ident)
-                ),
-            ));
-        }
-        let body = &block.stmts;
-        return Ok(quote! {
-            #(#outer)*
-            #vis #sig {
-                #(#inner)*
-                #assert_return
-                #(#body)*
-            }
-        });
+    if is_impl_trait(return_type) {
+        // `impl Trait` cannot be named inside the body, and is never a `Result`: say so ourselves.
+        return Err(syn::Error::new_spanned(
+            return_type,
+            format!(
+                "`{}` must return `Result<_, E>` where `E: From<distlock::LockError>`, so that a busy, lost or \
+                 unconfigured lock can be reported to the caller",
+                syn::ext::IdentExt::unraw(&sig.ident)
+            ),
+        ));
     }
-    let assert_return = match kind {
-        // `Result<T, E>`: `run_locked`'s own bound reports an `E` without `From<LockError>`, once.
-        ReturnKind::Result => None,
-        // `assert_locked_return::<Result<_, E>>()` could not infer `_`, so `impl Trait` inside the return type
-        // leaves the check to `run_locked`'s bounds.
-        _ if contains_impl_trait(return_type) => None,
-        // A type alias or some other type: check it explicitly, with the runtime's on_unimplemented message.
-        _ => Some(assert_return),
-    };
+    // The first token of the return type (what `Spanned::span` gives on stable).
+    let return_start = return_type.span();
     let mut erased = return_type.clone();
     EraseImplTrait.visit_type_mut(&mut erased);
 
@@ -155,8 +131,9 @@ fn generate(function: &ItemFn, args: &Args) -> syn::Result<TokenStream> {
         }
     };
 
-    // Spanned on the return type: if it is not a valid `Result`, the errors from `run_locked`'s bounds point
-    // there (and identical ones are merged by the compiler) instead of at the attribute.
+    // Spanned on the return type, where a return type that is not a valid `Result` is then reported: the call
+    // (through the `R: LockedReturn` bound) and its `.await` (through the same bound on the returned future) get
+    // this one span, so that the compiler merges their identical errors into one.
     let private_at_return = respan(private.clone(), return_start);
     let run_locked = quote_spanned! {return_start=>
         #private_at_return::run_locked(&#spec_var, #key_var, async move {
@@ -170,7 +147,6 @@ fn generate(function: &ItemFn, args: &Args) -> syn::Result<TokenStream> {
         #(#outer)*
         #vis #sig {
             #(#inner)*
-            #assert_return
             let #key_var = #render_key;
             static #spec_var: #private::LockSpec = #spec;
             #run_locked
@@ -178,58 +154,14 @@ fn generate(function: &ItemFn, args: &Args) -> syn::Result<TokenStream> {
     })
 }
 
-/// What the return type is, as far as its syntax tells.
-enum ReturnKind {
-    /// `Result<T, E>` (any path ending in `Result` with two type arguments).
-    Result,
-    /// Certainly not a `Result`: a tuple, reference, primitive, `Option`, `Vec`, `String`, ...
-    NotResult,
-    /// Anything else, e.g. a type alias such as `io::Result<T>` or `AppResult<T>`.
-    Unknown,
-}
-
-fn classify(ty: &Type) -> ReturnKind {
-    const NOT_RESULT: &[&str] = &[
-        "bool", "char", "str", "String", "Option", "Vec", "Box", "u8", "u16", "u32", "u64", "u128", "usize", "i8",
-        "i16", "i32", "i64", "i128", "isize", "f32", "f64",
-    ];
+/// Whether the type is `impl Trait` (possibly in parentheses).
+fn is_impl_trait(ty: &Type) -> bool {
     match ty {
-        Type::Paren(paren) => classify(&paren.elem),
-        Type::Group(group) => classify(&group.elem),
-        Type::Path(path) if path.qself.is_none() => {
-            let Some(last) = path.path.segments.last() else { return ReturnKind::Unknown };
-            let type_args = match &last.arguments {
-                syn::PathArguments::AngleBracketed(args) => {
-                    args.args.iter().filter(|a| matches!(a, syn::GenericArgument::Type(_))).count()
-                }
-                _ => 0,
-            };
-            if last.ident == "Result" && type_args == 2 {
-                ReturnKind::Result
-            } else if NOT_RESULT.iter().any(|name| last.ident == name) {
-                ReturnKind::NotResult
-            } else {
-                ReturnKind::Unknown
-            }
-        }
-        Type::Tuple(_)
-        | Type::Reference(_)
-        | Type::Array(_)
-        | Type::Slice(_)
-        | Type::Ptr(_)
-        | Type::BareFn(_)
-        | Type::Never(_)
-        | Type::TraitObject(_)
-        | Type::ImplTrait(_) => ReturnKind::NotResult,
-        _ => ReturnKind::Unknown,
+        Type::Paren(paren) => is_impl_trait(&paren.elem),
+        Type::Group(group) => is_impl_trait(&group.elem),
+        Type::ImplTrait(_) => true,
+        _ => false,
     }
-}
-
-fn contains_impl_trait(ty: &Type) -> bool {
-    let mut ty = ty.clone();
-    let mut finder = FindImplTrait(false);
-    finder.visit_type_mut(&mut ty);
-    finder.0
 }
 
 /// `{ let mut buf = KeyBuf::new(); buf.push_literal(..); buf.push_value(&..); buf.finish() }`.
@@ -339,19 +271,6 @@ impl VisitMut for EraseImplTrait {
     fn visit_type_mut(&mut self, ty: &mut Type) {
         if let Type::ImplTrait(impl_trait) = ty {
             *ty = Type::Infer(syn::TypeInfer { underscore_token: syn::Token![_](impl_trait.span()) });
-        } else {
-            syn::visit_mut::visit_type_mut(self, ty);
-        }
-    }
-}
-
-/// Records whether a type mentions `impl Trait`.
-struct FindImplTrait(bool);
-
-impl VisitMut for FindImplTrait {
-    fn visit_type_mut(&mut self, ty: &mut Type) {
-        if matches!(ty, Type::ImplTrait(_)) {
-            self.0 = true;
         } else {
             syn::visit_mut::visit_type_mut(self, ty);
         }

@@ -46,7 +46,7 @@ use proc_macro::TokenStream;
 ///   Example: `ttl = "60s"`.
 /// - **`wait`** (default `"0s"`, a single attempt): how long to wait for a busy lock before returning
 ///   `LockError::NotObtained`. Example: `wait = "5s"`.
-/// - **`hold_at_least`** (default: none): keep the lock at least this long after the call started, even when
+/// - **`hold_at_least`** (default: none): keep the lock at least this long after it was acquired, even when
 ///   the body finishes sooner, so that replicas whose clocks or schedules differ slightly do not run the same
 ///   job twice. Example: `hold_at_least = "30s"`.
 /// - **`on_lost`** (default `"abort"`): what happens when the lock is lost while the body runs (renewal failed

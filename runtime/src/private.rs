@@ -78,32 +78,64 @@ impl fmt::Write for Escaper<'_> {
     }
 }
 
-/// Takes `key` on the client in scope and runs `body` under it; every lock failure comes back as `E`.
-pub async fn run_locked<T, E, F>(spec: &'static LockSpec, key: String, body: F) -> Result<T, E>
+/// Takes `key` on the client in scope and runs `body` under it; every lock failure comes back as the
+/// function's error type, through `From<LockError>`.
+///
+/// `R` is the annotated function's return type, named by the macro: a return type that is not a valid
+/// [`LockedReturn`] is reported once, on that type, with the message below.
+pub async fn run_locked<R, F>(spec: &'static LockSpec, key: String, body: F) -> R
 where
-    E: From<LockError>,
-    F: Future<Output = Result<T, E>>,
+    R: LockedReturn,
+    F: Future<Output = R>,
 {
-    let client = crate::client()?;
+    let client = match crate::client() {
+        Ok(client) => client,
+        Err(e) => return R::from_result(Err(e.into())),
+    };
     let mut request = client.lock(key).ttl(spec.ttl).wait(spec.wait).metadata(spec.metadata).on_lost(spec.on_lost);
     if let Some(hold) = spec.hold_at_least {
         request = request.hold_at_least(hold);
     }
-    request.run(body).await?
+    match request.run(body).await {
+        Ok(output) => output,
+        Err(e) => R::from_result(Err(e.into())),
+    }
 }
 
-/// Implemented for the return types an annotated function may have.
+/// The return types an annotated function may have: a `Result` whose error converts from [`LockError`].
 #[diagnostic::on_unimplemented(
     message = "a #[distributed_lock] function must return `Result<_, E>` where `E: From<distlock::LockError>`, not `{Self}`",
     label = "the lock can fail (not configured, busy, lost, Redis down), so this must be a Result whose error converts from distlock::LockError",
     note = "e.g. `-> Result<Report, AppError>` with `impl From<distlock::LockError> for AppError`, or `-> Result<Report, distlock::LockError>`"
 )]
-pub trait LockedReturn {}
+pub trait LockedReturn: Sized {
+    /// The success type.
+    type Ok;
+    /// The error type, which every lock failure converts into.
+    type Err: From<LockError>;
 
-impl<T, E: From<LockError>> LockedReturn for Result<T, E> {}
+    /// Splits the value into success and error.
+    fn into_result(self) -> Result<Self::Ok, Self::Err>;
 
-/// Fails to compile, with the message above, unless `R` is a valid return type.
-pub fn assert_locked_return<R: LockedReturn>() {}
+    /// Builds the value back from success or error.
+    fn from_result(r: Result<Self::Ok, Self::Err>) -> Self;
+}
+
+// `do_not_recommend`: a `Result` whose `E` lacks `From<LockError>` is reported as "`Result<T, E>` is not a valid
+// return type", with the message above, rather than as a bare "`E: From<LockError>` is not satisfied".
+#[diagnostic::do_not_recommend]
+impl<T, E: From<LockError>> LockedReturn for Result<T, E> {
+    type Ok = T;
+    type Err = E;
+
+    fn into_result(self) -> Result<T, E> {
+        self
+    }
+
+    fn from_result(r: Result<T, E>) -> Self {
+        r
+    }
+}
 
 #[cfg(test)]
 mod tests {
