@@ -1,7 +1,8 @@
 //! One grant of a lock: its lease as this process knows it, and the rule that no command carries its token
 //! after it is finished (released, dropped or lost).
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
@@ -73,9 +74,12 @@ pub(crate) struct Grant {
     state: AtomicU8,
     /// Tells a waiting release that the renewal in flight has come back.
     renewal_done: Notify,
-    /// Bumped whenever the renewal schedule changes; the renewer ignores entries of older generations.
-    pub(crate) schedule: AtomicU64,
+    /// This grant's entry in its client's renewal queue, if it has one.
+    queued: Mutex<Option<QueueKey>>,
 }
+
+/// Where an entry sits in the renewal queue: when it is due, and a sequence number that makes it unique.
+pub(crate) type QueueKey = (Instant, u64);
 
 impl Grant {
     pub(crate) fn new(
@@ -97,12 +101,18 @@ impl Grant {
             lease: watch::Sender::new(lease),
             state: AtomicU8::new(IDLE),
             renewal_done: Notify::new(),
-            schedule: AtomicU64::new(0),
+            queued: Mutex::new(None),
         }
     }
 
     pub(crate) fn lease(&self) -> Lease {
         *self.lease.borrow()
+    }
+
+    /// The renewal queue entry; lock the queue first, then this.
+    pub(crate) fn queued(&self) -> MutexGuard<'_, Option<QueueKey>> {
+        // Only ever holds a plain value: a panic elsewhere cannot have left it half-written.
+        self.queued.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(crate) fn is_finished(&self) -> bool {
@@ -127,19 +137,25 @@ impl Grant {
         Some(self.client.inner.backend.renew(&self.keys, &self.token, ttl).await)
     }
 
+    /// Finishes the grant: no renewal starts from now on. Returns whether one is in flight.
+    fn finish(&self) -> bool {
+        // State first: a schedule racing with this either sees FINISHED or is undone by the cancel.
+        let in_flight = self.state.swap(FINISHED, Ordering::AcqRel) == RENEWING;
+        self.client.inner.renewer.cancel(self);
+        in_flight
+    }
+
     /// Finishes the grant without a release (it is lost, or the runtime is gone): no command follows.
     pub(crate) fn abandon(&self) {
-        self.state.store(FINISHED, Ordering::Release);
+        self.finish();
     }
 
     /// Finishes the grant and releases it, after any renewal in flight has come back, so that no renewal
     /// follows the release.
     pub(crate) async fn release(&self) -> Result<ReleaseOutcome, LockError> {
-        let renewal_back = self.renewal_done.notified();
-        tokio::pin!(renewal_back);
-        renewal_back.as_mut().enable();
-        if self.state.swap(FINISHED, Ordering::AcqRel) == RENEWING {
-            renewal_back.await;
+        if self.finish() {
+            // The renewal's end notifies once; if it already has, the stored permit completes this at once.
+            self.renewal_done.notified().await;
         }
         let keep = self.keep_after_release();
         self.client.inner.backend.release(&self.keys, &self.token, keep).await

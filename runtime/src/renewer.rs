@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::grant::{Grant, Lease};
+use crate::grant::{Grant, Lease, QueueKey};
 
 /// Schedules renewals for the grants of one client.
 #[derive(Debug, Default)]
@@ -29,8 +29,8 @@ struct Shared {
 
 #[derive(Debug, Default)]
 struct Queue {
-    /// (when, sequence) → grant and the schedule generation the entry belongs to.
-    due: BTreeMap<(Instant, u64), (Weak<Grant>, u64)>,
+    /// (when, sequence) → the grant to renew then. A grant has at most one entry, removed when it finishes.
+    due: BTreeMap<QueueKey, Weak<Grant>>,
     sequence: u64,
     task: Option<JoinHandle<()>>,
 }
@@ -50,16 +50,29 @@ impl Renewer {
     pub(crate) fn schedule(&self, grant: &Arc<Grant>, when: Instant) {
         schedule(&self.shared, grant, when);
     }
+
+    /// Removes the grant's entry, if it has one: it will not be renewed again.
+    pub(crate) fn cancel(&self, grant: &Grant) {
+        let mut queue = self.shared.queue();
+        if let Some(key) = grant.queued().take() {
+            queue.due.remove(&key);
+        }
+    }
 }
 
-/// Adds an entry for `grant` at `when`; entries of earlier generations are skipped when they come due.
+/// Puts the grant's entry at `when`, replacing the one it had.
 fn schedule(shared: &Arc<Shared>, grant: &Arc<Grant>, when: Instant) {
-    let generation = grant.schedule.fetch_add(1, Ordering::AcqRel) + 1;
     let mut queue = shared.queue();
+    if grant.is_finished() {
+        return;
+    }
     queue.sequence += 1;
-    let sequence = queue.sequence;
-    let earliest = queue.due.first_key_value().is_none_or(|(&(first, _), _)| when < first);
-    queue.due.insert((when, sequence), (Arc::downgrade(grant), generation));
+    let key = (when, queue.sequence);
+    if let Some(old) = grant.queued().replace(key) {
+        queue.due.remove(&old);
+    }
+    let earliest = queue.due.first_key_value().is_none_or(|(&first, _)| key < first);
+    queue.due.insert(key, Arc::downgrade(grant));
     // Started on first use, and again if the runtime it ran on has gone.
     if queue.task.as_ref().is_none_or(JoinHandle::is_finished) {
         queue.task = Some(tokio::spawn(run(Arc::clone(shared))));
@@ -88,16 +101,25 @@ async fn run(strong: Arc<Shared>) {
         let next = {
             let mut queue = strong.queue();
             while due.len() < BATCH {
-                match queue.due.first_key_value() {
-                    Some((&(when, _), _)) if when <= now => due.extend(queue.due.pop_first().map(|(_, entry)| entry)),
+                match queue.due.first_entry() {
+                    Some(entry) if entry.key().0 <= now => {
+                        let (key, grant) = entry.remove_entry();
+                        if let Some(grant) = grant.upgrade() {
+                            let mut queued = grant.queued();
+                            if *queued == Some(key) {
+                                *queued = None;
+                            }
+                            drop(queued);
+                            due.push(grant);
+                        }
+                    }
                     _ => break,
                 }
             }
             queue.due.first_key_value().map(|(&(when, _), _)| when)
         };
-        for (grant, generation) in due {
-            let Some(grant) = grant.upgrade() else { continue };
-            if grant.schedule.load(Ordering::Acquire) == generation && !grant.is_finished() {
+        for grant in due {
+            if !grant.is_finished() {
                 tokio::spawn(renew(grant, Arc::downgrade(&strong)));
             }
         }

@@ -49,7 +49,7 @@ impl MemoryState {
     }
 
     fn announce_release(&self, keys: &LockKeys) {
-        if let Some(channel) = self.channels.get(&keys.channel) {
+        if let Some(channel) = self.channels.get(&keys.channel()) {
             channel.tx.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
@@ -73,7 +73,7 @@ impl MemoryBackend {
             let remaining = held.expires_at.saturating_duration_since(Instant::now());
             return Ok(Attempt::Busy { remaining: Some(remaining) });
         }
-        let fence = state.fences.entry(keys.fence.clone()).or_insert(0);
+        let fence = state.fences.entry(keys.fence()).or_insert(0);
         *fence += 1;
         let fence = *fence;
         let record = Record {
@@ -155,14 +155,12 @@ impl MemoryBackend {
 
     pub(crate) async fn watch_releases(&self, keys: &LockKeys) -> Result<ReleaseWatch, LockError> {
         let mut state = self.state();
-        let channel = state
-            .channels
-            .entry(keys.channel.clone())
-            .or_insert_with(|| Channel { tx: watch::Sender::new(0), waiters: 0 });
+        let channel =
+            state.channels.entry(keys.channel()).or_insert_with(|| Channel { tx: watch::Sender::new(0), waiters: 0 });
         channel.waiters += 1;
         let rx = channel.tx.subscribe();
         let backend = self.clone();
-        let name = keys.channel.clone();
+        let name = keys.channel();
         Ok(ReleaseWatch::new(rx, move || {
             let mut state = backend.state();
             if let Some(channel) = state.channels.get_mut(&name) {

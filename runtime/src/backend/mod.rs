@@ -15,12 +15,8 @@ use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 pub(crate) struct LockKeys {
     /// The key as the user wrote it: the lock's identity in messages and for reentrancy.
     pub(crate) name: String,
-    /// `<prefix>{<key>}`: the lock record (a hash: token, fence, metadata, since).
+    /// `<prefix>{<key>}`: the lock record.
     pub(crate) record: String,
-    /// `<prefix>{<key>}:fence`: the fencing counter, kept without expiry.
-    pub(crate) fence: String,
-    /// `<prefix>{<key>}:released`: the pub/sub channel a release is announced on.
-    pub(crate) channel: String,
 }
 
 impl LockKeys {
@@ -30,11 +26,24 @@ impl LockKeys {
         record.push('{');
         escape_into(&mut record, &name);
         record.push('}');
-        let fence = format!("{record}:fence");
-        let channel = format!("{record}:released");
-        Self { name, record, fence, channel }
+        Self { name, record }
+    }
+
+    /// `<prefix>{<key>}:fence`: the fencing counter, kept without expiry. Derived, not stored: a held lock
+    /// keeps only what its renewals and release need.
+    pub(crate) fn fence(&self) -> String {
+        format!("{}{FENCE_SUFFIX}", self.record)
+    }
+
+    /// `<prefix>{<key>}:released`: the pub/sub channel a release is announced on.
+    pub(crate) fn channel(&self) -> String {
+        format!("{}{CHANNEL_SUFFIX}", self.record)
     }
 }
+
+const FENCE_SUFFIX: &str = ":fence";
+/// The scripts append the same suffix to KEYS[1] when they publish.
+pub(crate) const CHANNEL_SUFFIX: &str = ":released";
 
 /// Percent-encodes `%`, `{` and `}`: the escaped text holds no brace, so it cannot close the hash tag, and the
 /// encoding is injective, so two keys never share a record.
@@ -164,12 +173,12 @@ mod tests {
     fn keys_share_one_hash_tag_and_cannot_collide() {
         let k = LockKeys::new("distlock:", "report:42".into());
         assert_eq!(k.record, "distlock:{report:42}");
-        assert_eq!(k.fence, "distlock:{report:42}:fence");
-        assert_eq!(k.channel, "distlock:{report:42}:released");
+        assert_eq!(k.fence(), "distlock:{report:42}:fence");
+        assert_eq!(k.channel(), "distlock:{report:42}:released");
         // A key that tries to close the tag early, or to name another lock's counter, is escaped.
         let evil = LockKeys::new("distlock:", "a}:fence".into());
         assert_eq!(evil.record, "distlock:{a%7D:fence}");
-        assert_ne!(evil.record, LockKeys::new("distlock:", "a".into()).fence);
+        assert_ne!(evil.record, LockKeys::new("distlock:", "a".into()).fence());
         assert_ne!(LockKeys::new("p:", "%7B".into()).record, LockKeys::new("p:", "{".into()).record);
     }
 }

@@ -27,6 +27,10 @@ impl LuaScript {
     }
 }
 
+// The record is one string, `<token>:<fence>:<acquired at, server ms>:<metadata>`: cheaper for Redis than a
+// hash, and the 32-character token at its start is all that renew and release compare. While `hold_at_least`
+// keeps a released lock, the token is replaced by `NOBODY`, which no hex token can equal.
+
 /// KEYS: record, fence. ARGV: token, ttl ms, metadata.
 /// Granted: {1, fencing token}. Busy: {0, the holder's PTTL (-1: no expiry)}.
 static ACQUIRE: Lazy<LuaScript> = Lazy::new(|| {
@@ -35,9 +39,8 @@ static ACQUIRE: Lazy<LuaScript> = Lazy::new(|| {
 if pttl ~= -2 then return {0, pttl} end
 local fence = redis.call('incr', KEYS[2])
 local now = redis.call('time')
-redis.call('hset', KEYS[1], 'token', ARGV[1], 'fence', fence, 'meta', ARGV[3],
-  'since', now[1] * 1000 + math.floor(now[2] / 1000))
-redis.call('pexpire', KEYS[1], ARGV[2])
+local since = string.format('%d', now[1] * 1000 + math.floor(now[2] / 1000))
+redis.call('set', KEYS[1], ARGV[1] .. ':' .. fence .. ':' .. since .. ':' .. ARGV[3], 'px', ARGV[2])
 return {1, fence}",
     )
 });
@@ -45,27 +48,29 @@ return {1, fence}",
 /// KEYS: record. ARGV: token, ttl ms. 1 when renewed, 0 when the token no longer owns the lock.
 static RENEW: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(
-        r"if redis.call('hget', KEYS[1], 'token') == ARGV[1] then
-  return redis.call('pexpire', KEYS[1], ARGV[2])
-end
+        r"local v = redis.call('get', KEYS[1])
+if v and string.sub(v, 1, 32) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
 return 0",
     )
 });
 
-/// KEYS: record. ARGV: token, channel, keep ms (0: delete now).
+/// KEYS: record. ARGV: token, keep ms (0: delete now).
 /// 1 released, 0 expired (no owner), 2 owned by another token.
 static RELEASE: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(
-        r"local owner = redis.call('hget', KEYS[1], 'token')
-if not owner then return 0 end
-if owner ~= ARGV[1] then return 2 end
-if tonumber(ARGV[3]) > 0 then
-  redis.call('hdel', KEYS[1], 'token')
-  redis.call('pexpire', KEYS[1], ARGV[3])
+        r"local v = redis.call('get', KEYS[1])
+if not v then return 0 end
+local owner = string.sub(v, 1, 32)
+if owner ~= ARGV[1] then
+  if owner == string.rep('-', 32) then return 0 end
+  return 2
+end
+if tonumber(ARGV[2]) > 0 then
+  redis.call('set', KEYS[1], string.rep('-', 32) .. string.sub(v, 33), 'px', ARGV[2])
   return 1
 end
 redis.call('del', KEYS[1])
-redis.call('publish', ARGV[2], '1')
+redis.call('publish', KEYS[1] .. ':released', '1')
 return 1",
     )
 });
@@ -73,7 +78,8 @@ return 1",
 /// KEYS: record. ARGV: token. The PTTL if the token owns the lock, else -2.
 static REMAINING: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(
-        r"if redis.call('hget', KEYS[1], 'token') == ARGV[1] then return redis.call('pttl', KEYS[1]) end
+        r"local v = redis.call('get', KEYS[1])
+if v and string.sub(v, 1, 32) == ARGV[1] then return redis.call('pttl', KEYS[1]) end
 return -2",
     )
 });
@@ -81,17 +87,18 @@ return -2",
 /// KEYS: record. {metadata, fence, pttl}, or nil when nobody holds the lock.
 static INFO: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(
-        r"local v = redis.call('hmget', KEYS[1], 'meta', 'fence')
-if not v[2] then return nil end
-return {v[1] or '', tonumber(v[2]), redis.call('pttl', KEYS[1])}",
+        r"local v = redis.call('get', KEYS[1])
+if not v then return nil end
+local fence, meta = string.match(v, '^[^:]*:(%d+):%d+:(.*)$')
+return {meta or '', tonumber(fence) or 0, redis.call('pttl', KEYS[1])}",
     )
 });
 
-/// KEYS: record. ARGV: channel. 1 if a lock was deleted (and its waiters told), else 0.
+/// KEYS: record. 1 if a lock was deleted (and its waiters told), else 0.
 static FORCE_UNLOCK: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(
         r"local n = redis.call('del', KEYS[1])
-if n == 1 then redis.call('publish', ARGV[1], '1') end
+if n == 1 then redis.call('publish', KEYS[1] .. ':released', '1') end
 return n",
     )
 });
@@ -236,7 +243,7 @@ impl RedisBackend {
     ) -> Result<Attempt, LockError> {
         let (granted, value): (i64, i64) = self
             .eval(&ACQUIRE, keys, |c| {
-                c.arg(2).arg(&keys.record).arg(&keys.fence).arg(token.as_str()).arg(millis(ttl)).arg(metadata);
+                c.arg(2).arg(&keys.record).arg(keys.fence()).arg(token.as_str()).arg(millis(ttl)).arg(metadata);
             })
             .await?;
         Ok(if granted == 1 {
@@ -265,7 +272,7 @@ impl RedisBackend {
         let keep_ms = keep.map_or(0, |k| millis(k).max(1));
         let outcome: i64 = self
             .eval(&RELEASE, keys, |c| {
-                c.arg(1).arg(&keys.record).arg(token.as_str()).arg(&keys.channel).arg(keep_ms);
+                c.arg(1).arg(&keys.record).arg(token.as_str()).arg(keep_ms);
             })
             .await?;
         Ok(match outcome {
@@ -305,14 +312,14 @@ impl RedisBackend {
     pub(crate) async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
         let deleted: i64 = self
             .eval(&FORCE_UNLOCK, keys, |c| {
-                c.arg(1).arg(&keys.record).arg(&keys.channel);
+                c.arg(1).arg(&keys.record);
             })
             .await?;
         Ok(deleted == 1)
     }
 
     pub(crate) async fn watch_releases(&self, keys: &LockKeys) -> Result<ReleaseWatch, LockError> {
-        self.subscriber.watch(&keys.channel).await.map_err(|e| self.error(keys, e))
+        self.subscriber.watch(&keys.channel()).await.map_err(|e| self.error(keys, e))
     }
 }
 
