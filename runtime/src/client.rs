@@ -50,6 +50,9 @@ pub struct LockInfo {
     pub fencing_token: u64,
     /// How much of the holder's lease is left.
     pub remaining_ttl: Duration,
+    /// How many requests are queued for the lock (on Redis, including places of waiters that stopped
+    /// refreshing and will be skipped).
+    pub waiting: usize,
 }
 
 impl Client {

@@ -78,8 +78,10 @@ impl BackendError {
             "could not reach the server: check that redis-server is running and the URL (host, port, TLS) is right"
         } else if matches!(source.kind(), redis::ErrorKind::AuthenticationFailed) {
             "authentication failed: check the username and password in the URL"
+        } else if is_permission_error(&source) {
+            "the Redis user lacks a permission (NOPERM): grant the ACL rights of the README's least-privilege user (EVALSHA and the commands its scripts call, on the key prefix; SUBSCRIBE on its channels)"
         } else {
-            "the server refused the command: check the user's ACL rights (EVALSHA, EVAL, SCRIPT, PUBLISH, SUBSCRIBE, HGET, PTTL) and that the key is not used by another program"
+            "the server refused the command: check that no other program uses these keys, and the user's ACL rights (see the README's least-privilege user)"
         };
         Self { key: key.map(str::to_owned), server: server.to_owned(), hint, source }
     }
@@ -114,6 +116,14 @@ impl fmt::Display for BackendError {
 impl std::error::Error for BackendError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&self.source)
+    }
+}
+
+/// NOPERM, also when a command inside a script was refused (Redis reports that as a plain script error).
+fn is_permission_error(e: &redis::RedisError) -> bool {
+    matches!(e.kind(), redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)) || {
+        let text = e.to_string();
+        text.contains("NOPERM") || text.contains("can't run this command") || text.contains("no permissions")
     }
 }
 

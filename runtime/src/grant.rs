@@ -34,6 +34,15 @@ impl Lease {
         Self { ttl, renewed_from: sent, valid_until: sent + ttl.saturating_sub(drift(ttl)), lost: false }
     }
 
+    /// A lease handed over by a release: it began no earlier than `since` and lasts `lease`; renewals ask
+    /// for `ttl`, the first one at once.
+    pub(crate) fn handed_over(ttl: Duration, lease: Duration, since: Instant) -> Self {
+        let valid_until = since + lease.saturating_sub(drift(lease));
+        // `renewed_from` is set so that the first renewal is due now.
+        let renewed_from = Instant::now().checked_sub(ttl / 3).unwrap_or(since).min(since);
+        Self { ttl, renewed_from, valid_until, lost: false }
+    }
+
     pub(crate) fn is_lost(&self) -> bool {
         self.lost || Instant::now() >= self.valid_until
     }

@@ -42,6 +42,7 @@
 //!   that pauses past it; storage that rejects writes with a lower token than it has seen can.
 //! - Release (on return, error, panic or cancellation) and renewal act only with the grant's own token.
 
+mod acquire;
 mod backend;
 mod client;
 mod error;

@@ -3,11 +3,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use crate::backend::{Attempt, ReleaseWatch};
-use crate::grant::{Grant, HoldLimits, Lease};
-use crate::{held, Client, LockError, LockGuard, LockToken, ReleaseOutcome};
+use crate::grant::HoldLimits;
+use crate::{held, Client, LockError, LockGuard, ReleaseOutcome};
 
 /// The shortest lease accepted: below it, one slow round trip would eat the whole lease.
 const MIN_TTL: Duration = Duration::from_millis(100);
@@ -59,7 +56,7 @@ impl Default for RetryStrategy {
 
 impl RetryStrategy {
     /// The jittered delay before retry number `attempt` (1-based); `None` for no retry.
-    fn delay(&self, attempt: u32) -> Option<Duration> {
+    pub(crate) fn delay(&self, attempt: u32) -> Option<Duration> {
         let full = match *self {
             Self::None => return None,
             Self::Linear { step } => step,
@@ -104,14 +101,14 @@ pub enum OnLost {
 #[derive(Debug, Clone)]
 #[must_use = "a lock request does nothing until acquired or run"]
 pub struct LockRequest {
-    client: Client,
-    key: String,
-    ttl: Duration,
-    wait: Duration,
-    metadata: String,
-    retry: RetryStrategy,
+    pub(crate) client: Client,
+    pub(crate) key: String,
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Duration,
+    pub(crate) metadata: String,
+    pub(crate) retry: RetryStrategy,
     on_lost: OnLost,
-    limits: HoldLimits,
+    pub(crate) limits: HoldLimits,
 }
 
 impl LockRequest {
@@ -188,7 +185,14 @@ impl LockRequest {
 
     fn check(&self) -> Result<(), LockError> {
         check_key(&self.key)?;
-        check_ttl(self.ttl)
+        check_ttl(self.ttl)?;
+        if self.limits.hold_at_least.is_some_and(|hold| hold > MAX_TTL) {
+            return Err(LockError::InvalidConfig("hold_at_least is above what Redis can store".into()));
+        }
+        if self.limits.max_hold.is_some_and(|max| max.is_zero()) {
+            return Err(LockError::InvalidConfig("max_hold must be above zero".into()));
+        }
+        Ok(())
     }
 
     /// Takes the lock, waiting up to `wait` while it is busy; [`LockError::NotObtained`] when the wait runs out.
@@ -200,47 +204,7 @@ impl LockRequest {
         if let Some(grant) = held::find(&self.client, &self.key) {
             return Ok(LockGuard::nested(grant));
         }
-        let backend = &self.client.inner.backend;
-        let keys = self.client.keys(&self.key);
-        let token = LockToken::random();
-        let started = Instant::now();
-        let deadline = started.checked_add(self.wait).unwrap_or(started + Duration::from_secs(100 * 365 * 86_400));
-        let mut releases: Option<ReleaseWatch> = None;
-        let mut retries = 0;
-        loop {
-            let sent = Instant::now();
-            let remaining = match backend.acquire(&keys, &token, self.ttl, &self.metadata).await? {
-                Attempt::Granted { fence } => {
-                    let lease = Lease::starting(self.ttl, sent);
-                    let grant = Grant::new(self.client.clone(), keys, token, fence, lease, self.limits);
-                    // A guard is created even when the reply came too late, so that dropping it releases.
-                    let guard = LockGuard::new(grant);
-                    if guard.is_lost() {
-                        drop(guard);
-                        return Err(LockError::NotObtained { key: self.key, waited: started.elapsed() });
-                    }
-                    return Ok(guard);
-                }
-                Attempt::Busy { remaining } => remaining,
-            };
-            let now = Instant::now();
-            if now >= deadline || self.retry == RetryStrategy::None {
-                return Err(LockError::NotObtained { key: self.key, waited: now - started });
-            }
-            let Some(releases) = releases.as_mut() else {
-                // Listen first, then try once more: a release between the two is then never missed.
-                releases = Some(backend.watch_releases(&keys).await?);
-                continue;
-            };
-            retries += 1;
-            let backoff = self.retry.delay(retries).unwrap_or_default();
-            let pause = remaining.map_or(backoff, |r| backoff.min(r)).max(Duration::from_millis(1));
-            let until = (now + pause).min(deadline);
-            tokio::select! {
-                () = releases.changed() => {}
-                () = tokio::time::sleep_until(until) => {}
-            }
-        }
+        crate::acquire::acquire(self).await
     }
 
     /// One attempt: the guard, or `None` when another owner holds the lock.

@@ -1,14 +1,14 @@
-//! The in-process backend: the same semantics as Redis (leases, fencing, wake-ups) inside one process.
-//! For tests and single-process programs; it locks nothing across processes.
+//! The in-process backend: the same semantics as Redis (leases, fencing, the wait queue and hand-overs)
+//! inside one process. For tests and single-process programs; it locks nothing across processes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{Attempt, LockKeys, ReleaseWatch};
+use super::{Announcement, Attempt, LockKeys, Queueing, ReleaseWatch};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 #[derive(Debug, Default, Clone)]
@@ -16,10 +16,12 @@ pub(crate) struct MemoryBackend {
     state: Arc<Mutex<MemoryState>>,
 }
 
+/// Everything keyed by the lock's record key.
 #[derive(Debug, Default)]
 struct MemoryState {
     records: HashMap<String, Record>,
     fences: HashMap<String, u64>,
+    queues: HashMap<String, VecDeque<Waiter>>,
     channels: HashMap<String, Channel>,
 }
 
@@ -33,8 +35,16 @@ struct Record {
 }
 
 #[derive(Debug)]
+struct Waiter {
+    token: String,
+    expires_at: Instant,
+    lease: Duration,
+    metadata: String,
+}
+
+#[derive(Debug)]
 struct Channel {
-    tx: watch::Sender<u64>,
+    tx: watch::Sender<Announcement>,
     waiters: usize,
 }
 
@@ -48,9 +58,58 @@ impl MemoryState {
         self.records.get_mut(key)
     }
 
-    fn announce_release(&self, keys: &LockKeys) {
+    fn next_fence(&mut self, keys: &LockKeys) -> u64 {
+        let fence = self.fences.entry(keys.record.clone()).or_insert(0);
+        *fence += 1;
+        *fence
+    }
+
+    /// Hands the free lock to the longest live waiter and announces it; the heir's token, if any.
+    fn hand_over(&mut self, keys: &LockKeys) -> Option<String> {
+        let now = Instant::now();
+        let heir = loop {
+            let queue = self.queues.get_mut(&keys.record)?;
+            let Some(waiter) = queue.pop_front() else {
+                self.queues.remove(&keys.record);
+                return None;
+            };
+            if waiter.expires_at > now {
+                break waiter;
+            }
+        };
+        let fence = self.next_fence(keys);
+        let record =
+            Record { token: Some(heir.token.clone()), fence, metadata: heir.metadata, expires_at: now + heir.lease };
+        self.records.insert(keys.record.clone(), record);
         if let Some(channel) = self.channels.get(&keys.channel()) {
-            channel.tx.send_modify(|n| *n = n.wrapping_add(1));
+            channel.tx.send_replace(Announcement::HandedOver(format!("{}:{fence}", heir.token).into()));
+        }
+        Some(heir.token)
+    }
+
+    fn enqueue(&mut self, keys: &LockKeys, token: &LockToken, queueing: Queueing, metadata: &str) {
+        let queue = self.queues.entry(keys.record.clone()).or_default();
+        let expires_at = Instant::now() + queueing.register;
+        match queue.iter_mut().find(|w| w.token == token.as_str()) {
+            Some(waiter) => {
+                waiter.expires_at = expires_at;
+                waiter.lease = queueing.lease;
+            }
+            None => queue.push_back(Waiter {
+                token: token.as_str().to_owned(),
+                expires_at,
+                lease: queueing.lease,
+                metadata: metadata.to_owned(),
+            }),
+        }
+    }
+
+    fn withdraw(&mut self, keys: &LockKeys, token: &LockToken) {
+        if let Some(queue) = self.queues.get_mut(&keys.record) {
+            queue.retain(|w| w.token != token.as_str());
+            if queue.is_empty() {
+                self.queues.remove(&keys.record);
+            }
         }
     }
 }
@@ -67,15 +126,24 @@ impl MemoryBackend {
         token: &LockToken,
         ttl: Duration,
         metadata: &str,
+        queueing: Option<Queueing>,
     ) -> Result<Attempt, LockError> {
         let mut state = self.state();
+        if state.live(&keys.record).is_none() && state.hand_over(keys).as_deref() == Some(token.as_str()) {
+            let fence = state.live(&keys.record).map_or(0, |r| r.fence);
+            return Ok(Attempt::HandedOver { fence });
+        }
         if let Some(held) = state.live(&keys.record) {
+            if held.token.as_deref() == Some(token.as_str()) {
+                return Ok(Attempt::HandedOver { fence: held.fence });
+            }
             let remaining = held.expires_at.saturating_duration_since(Instant::now());
+            if let Some(queueing) = queueing {
+                state.enqueue(keys, token, queueing, metadata);
+            }
             return Ok(Attempt::Busy { remaining: Some(remaining) });
         }
-        let fence = state.fences.entry(keys.fence()).or_insert(0);
-        *fence += 1;
-        let fence = *fence;
+        let fence = state.next_fence(keys);
         let record = Record {
             token: Some(token.as_str().to_owned()),
             fence,
@@ -84,6 +152,12 @@ impl MemoryBackend {
         };
         state.records.insert(keys.record.clone(), record);
         Ok(Attempt::Granted { fence })
+    }
+
+    pub(crate) async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<u64>, LockError> {
+        let mut state = self.state();
+        state.withdraw(keys, token);
+        Ok(state.live(&keys.record).filter(|r| r.token.as_deref() == Some(token.as_str())).map(|r| r.fence))
     }
 
     pub(crate) async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
@@ -106,6 +180,7 @@ impl MemoryBackend {
         let mut state = self.state();
         let outcome = match state.live(&keys.record) {
             None => ReleaseOutcome::Expired,
+            Some(r) if r.token.is_none() => ReleaseOutcome::Expired,
             Some(r) if r.token.as_deref() != Some(token.as_str()) => ReleaseOutcome::TakenByOther,
             Some(r) => {
                 match keep {
@@ -115,7 +190,7 @@ impl MemoryBackend {
                     }
                     None => {
                         state.records.remove(&keys.record);
-                        state.announce_release(keys);
+                        state.hand_over(keys);
                     }
                 }
                 ReleaseOutcome::Released
@@ -136,10 +211,12 @@ impl MemoryBackend {
 
     pub(crate) async fn info(&self, keys: &LockKeys) -> Result<Option<LockInfo>, LockError> {
         let mut state = self.state();
+        let waiting = state.queues.get(&keys.record).map_or(0, VecDeque::len);
         Ok(state.live(&keys.record).map(|r| LockInfo {
             metadata: r.metadata.clone(),
             fencing_token: r.fence,
             remaining_ttl: r.expires_at.saturating_duration_since(Instant::now()),
+            waiting,
         }))
     }
 
@@ -147,20 +224,20 @@ impl MemoryBackend {
         let mut state = self.state();
         let existed = state.live(&keys.record).is_some();
         state.records.remove(&keys.record);
-        if existed {
-            state.announce_release(keys);
-        }
+        state.hand_over(keys);
         Ok(existed)
     }
 
     pub(crate) async fn watch_releases(&self, keys: &LockKeys) -> Result<ReleaseWatch, LockError> {
         let mut state = self.state();
-        let channel =
-            state.channels.entry(keys.channel()).or_insert_with(|| Channel { tx: watch::Sender::new(0), waiters: 0 });
+        let name = keys.channel();
+        let channel = state
+            .channels
+            .entry(name.clone())
+            .or_insert_with(|| Channel { tx: watch::Sender::new(Announcement::Nothing), waiters: 0 });
         channel.waiters += 1;
         let rx = channel.tx.subscribe();
         let backend = self.clone();
-        let name = keys.channel();
         Ok(ReleaseWatch::new(rx, move || {
             let mut state = backend.state();
             if let Some(channel) = state.channels.get_mut(&name) {

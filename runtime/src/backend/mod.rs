@@ -3,6 +3,7 @@
 mod memory;
 mod redis;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use self::memory::MemoryBackend;
@@ -35,15 +36,24 @@ impl LockKeys {
         format!("{}{FENCE_SUFFIX}", self.record)
     }
 
-    /// `<prefix>{<key>}:released`: the pub/sub channel a release is announced on.
+    /// `<prefix>{<key>}:released`: the pub/sub channel hand-overs are announced on (the scripts append the
+    /// same suffix to KEYS[1]).
     pub(crate) fn channel(&self) -> String {
-        format!("{}{CHANNEL_SUFFIX}", self.record)
+        format!("{}:released", self.record)
+    }
+
+    /// `<prefix>{<key>}:queue`: waiter tokens in arrival order.
+    pub(crate) fn queue(&self) -> String {
+        format!("{}:queue", self.record)
+    }
+
+    /// `<prefix>{<key>}:waiters`: each waiter's registration expiry, hand-over lease and metadata.
+    pub(crate) fn waiters(&self) -> String {
+        format!("{}:waiters", self.record)
     }
 }
 
 const FENCE_SUFFIX: &str = ":fence";
-/// The scripts append the same suffix to KEYS[1] when they publish.
-pub(crate) const CHANNEL_SUFFIX: &str = ":released";
 
 /// Percent-encodes `%`, `{` and `}`: the escaped text holds no brace, so it cannot close the hash tag, and the
 /// encoding is injective, so two keys never share a record.
@@ -61,10 +71,43 @@ fn escape_into(out: &mut String, key: &str) {
 /// What one acquire attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Attempt {
-    /// The lock is ours, with this fencing token.
+    /// The lock is ours from this attempt on, with this fencing token and the requested lease.
     Granted { fence: u64 },
+    /// A release handed the lock to this waiter after its last busy attempt, with the hand-over lease.
+    HandedOver { fence: u64 },
     /// Someone else holds it for about this much longer (`None`: unknown, e.g. no expiry).
     Busy { remaining: Option<Duration> },
+}
+
+/// A waiter's place in the queue, sent with each attempt while waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Queueing {
+    /// How long the registration lasts unless refreshed: a waiter that dies leaves the queue after this.
+    pub(crate) register: Duration,
+    /// The lease a hand-over grants, until the new holder's first renewal: short, so a waiter that died
+    /// just before its turn holds the lock only briefly.
+    pub(crate) lease: Duration,
+}
+
+/// What a waiter hears about the lock it waits for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) enum Announcement {
+    /// Nothing yet.
+    #[default]
+    Nothing,
+    /// Announcements may have been missed (a reconnect): try again now.
+    Retry,
+    /// The lock was handed to the waiter whose token starts this `<token>:<fence>` text.
+    HandedOver(Arc<str>),
+}
+
+impl Announcement {
+    /// The fencing token, if the lock was handed to `token`.
+    pub(crate) fn handed_to(&self, token: &LockToken) -> Option<u64> {
+        let Self::HandedOver(text) = self else { return None };
+        let (to, fence) = text.split_once(':')?;
+        (to == token.as_str()).then(|| fence.parse().ok()).flatten()
+    }
 }
 
 /// A lock store. An enum rather than a trait object: two known backends, no allocation per call.
@@ -79,20 +122,24 @@ pub(crate) enum Backend {
 /// Announcements of releases of one lock: the counter moves on every release seen, and also whenever
 /// announcements may have been missed (a reconnect). Dropping it ends this waiter's interest.
 pub(crate) struct ReleaseWatch {
-    rx: tokio::sync::watch::Receiver<u64>,
+    rx: tokio::sync::watch::Receiver<Announcement>,
     on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
 }
 
 impl ReleaseWatch {
-    pub(crate) fn new(rx: tokio::sync::watch::Receiver<u64>, on_drop: impl FnOnce() + Send + Sync + 'static) -> Self {
+    pub(crate) fn new(
+        rx: tokio::sync::watch::Receiver<Announcement>,
+        on_drop: impl FnOnce() + Send + Sync + 'static,
+    ) -> Self {
         Self { rx, on_drop: Some(Box::new(on_drop)) }
     }
 
     /// Waits for an announcement not yet seen (forever, if the announcer is gone).
-    pub(crate) async fn changed(&mut self) {
+    pub(crate) async fn next(&mut self) -> Announcement {
         if self.rx.changed().await.is_err() {
             std::future::pending::<()>().await;
         }
+        self.rx.borrow_and_update().clone()
     }
 }
 
@@ -120,14 +167,21 @@ macro_rules! dispatch {
 }
 
 impl Backend {
+    /// One attempt; while waiting, `queueing` keeps this token's place in the queue.
     pub(crate) async fn acquire(
         &self,
         keys: &LockKeys,
         token: &LockToken,
         ttl: Duration,
         metadata: &str,
+        queueing: Option<Queueing>,
     ) -> Result<Attempt, LockError> {
-        dispatch!(self, b => b.acquire(keys, token, ttl, metadata).await)
+        dispatch!(self, b => b.acquire(keys, token, ttl, metadata, queueing).await)
+    }
+
+    /// Leaves the queue; `Some(fence)` if the lock was handed to `token` meanwhile (it is then held).
+    pub(crate) async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<u64>, LockError> {
+        dispatch!(self, b => b.withdraw(keys, token).await)
     }
 
     /// Sets the lease to `ttl` from now if `token` still owns the lock; false when it does not.
@@ -154,12 +208,12 @@ impl Backend {
         dispatch!(self, b => b.info(keys).await)
     }
 
-    /// Deletes the lock whoever holds it and wakes its waiters; true if there was one.
+    /// Deletes the lock whoever holds it and hands it to the next waiter; true if there was one.
     pub(crate) async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
         dispatch!(self, b => b.force_unlock(keys).await)
     }
 
-    /// Starts listening for releases of the lock; resolves once announcements can no longer be missed.
+    /// Starts listening for hand-overs of the lock; resolves once announcements can no longer be missed.
     pub(crate) async fn watch_releases(&self, keys: &LockKeys) -> Result<ReleaseWatch, LockError> {
         dispatch!(self, b => b.watch_releases(keys).await)
     }

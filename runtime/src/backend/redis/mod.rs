@@ -1,0 +1,278 @@
+//! The Redis backend: every operation is one Lua script call (one round trip), keys and values passed only
+//! through KEYS and ARGV. Waiters queue in Redis and hear hand-overs on one shared RESP3 subscriber connection.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Cmd, FromRedisValue, IntoConnectionInfo, ProtocolVersion};
+
+use super::{Attempt, LockKeys, Queueing, ReleaseWatch};
+use crate::error::{redact_url, BackendError};
+use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
+
+use self::scripts::{LuaScript, ACQUIRE, FORCE_UNLOCK, INFO, RELEASE, REMAINING, RENEW, WITHDRAW};
+use self::subscriber::Subscriber;
+
+mod scripts;
+mod subscriber;
+
+/// What connecting needs from the builder.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConnectSettings<'a> {
+    pub(crate) timeouts: Timeouts,
+    pub(crate) prefix: &'a str,
+    pub(crate) allow_insecure_tls: bool,
+}
+
+/// Connection settings shared by the command and subscriber connections.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    pub(crate) connect: Duration,
+    pub(crate) response: Duration,
+}
+
+pub(crate) struct RedisBackend {
+    /// The URL with any password replaced, for messages.
+    server: String,
+    commands: ConnectionManager,
+    subscriber: Subscriber,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend").field("server", &self.server).finish_non_exhaustive()
+    }
+}
+
+fn manager_config(timeouts: Timeouts) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeouts.connect))
+        .set_response_timeout(Some(timeouts.response))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500))
+}
+
+impl RedisBackend {
+    /// Connects and checks the server answers PING; the error names the URL with the password redacted.
+    pub(crate) async fn connect(url: &str, settings: ConnectSettings<'_>) -> Result<Self, LockError> {
+        let timeouts = settings.timeouts;
+        let server = redact_url(url);
+        if url.trim_end().ends_with("#insecure") && !settings.allow_insecure_tls {
+            return Err(LockError::InvalidConfig(format!(
+                "{server} turns off TLS certificate checks; a lock server reached without them can be impersonated. \
+                 Remove `#insecure`, or opt in with ClientBuilder::allow_insecure_tls(true)"
+            )));
+        }
+        let info = url
+            .into_connection_info()
+            .map_err(|e| LockError::InvalidConfig(format!("cannot use Redis URL {server}: {e}")))?;
+        let client = redis::Client::open(info.clone()).map_err(|e| BackendError::new(&server, None, e))?;
+        let connect = ConnectionManager::new_with_config(client, manager_config(timeouts));
+        let mut commands = tokio::time::timeout(timeouts.connect * 2, connect)
+            .await
+            .map_err(|_| BackendError::new(&server, None, timeout_error("connect")))?
+            .map_err(|e| BackendError::new(&server, None, e))?;
+        let pong: String =
+            redis::cmd("PING").query_async(&mut commands).await.map_err(|e| BackendError::new(&server, None, e))?;
+        debug_assert_eq!(pong, "PONG");
+        let resp3 = info.clone().set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
+        let subscriber = Subscriber::new(resp3, timeouts);
+        let backend = Self { server, commands, subscriber };
+        backend.probe(settings.prefix).await?;
+        Ok(backend)
+    }
+
+    /// Takes and gives back a probe lock, so a missing ACL right or a cluster address fails at startup with an
+    /// explanation instead of at the first real lock; warns when Redis may evict lock records.
+    async fn probe(&self, prefix: &str) -> Result<(), LockError> {
+        let mut conn = self.commands.clone();
+        let cluster: Option<String> = redis::cmd("INFO").arg("cluster").query_async(&mut conn).await.ok();
+        if cluster.is_some_and(|info| info.contains("cluster_enabled:1")) {
+            return Err(LockError::InvalidConfig(format!(
+                "{} is a Redis Cluster node; this client talks to one Redis server (a standalone server or a \
+                 replicated primary). Point it at a standalone Redis",
+                self.server
+            )));
+        }
+        let memory: Option<String> = redis::cmd("INFO").arg("memory").query_async(&mut conn).await.ok();
+        let policy = memory.as_deref().and_then(|info| {
+            info.lines().find_map(|line| line.strip_prefix("maxmemory_policy:")).map(|p| p.trim().to_owned())
+        });
+        if let Some(policy) = policy.filter(|p| p != "noeviction") {
+            tracing::warn!(
+                server = %self.server,
+                %policy,
+                "distlock: maxmemory-policy is not noeviction: under memory pressure Redis may evict lock records, \
+                 and a holder then loses its lock at its next renewal. Set maxmemory-policy noeviction"
+            );
+        }
+        self.probe_lock_cycle(prefix).await
+    }
+
+    /// Every command a lock's life uses, once: listen, take, queue a second owner, release (handing over,
+    /// which publishes), and clean up. Another process probing at the same moment only makes this a no-op.
+    async fn probe_lock_cycle(&self, prefix: &str) -> Result<(), LockError> {
+        let keys = LockKeys::new(prefix, format!("distlock-startup-probe:{}", LockToken::random().as_str()));
+        let (holder, waiter) = (LockToken::random(), LockToken::random());
+        let lease = Duration::from_secs(5);
+        let queueing = Queueing { register: lease, lease };
+        let _listening = self.watch_releases(&keys).await?;
+        if let Attempt::Granted { .. } = self.acquire(&keys, &holder, lease, "startup probe", None).await? {
+            self.acquire(&keys, &waiter, lease, "startup probe", Some(queueing)).await?;
+            self.release(&keys, &holder, None).await?;
+            if self.withdraw(&keys, &waiter).await?.is_some() {
+                self.release(&keys, &waiter, None).await?;
+            }
+        }
+        // The probe's own fencing counter is the one key it leaves behind; don't.
+        let mut conn = self.commands.clone();
+        let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(keys.fence()).query_async(&mut conn).await;
+        Ok(())
+    }
+
+    fn error(&self, keys: &LockKeys, e: redis::RedisError) -> LockError {
+        BackendError::new(&self.server, Some(&keys.name), e).into()
+    }
+
+    /// EVALSHA, falling back to EVAL when the server lost its script cache.
+    async fn eval<T: FromRedisValue>(
+        &self,
+        script: &LuaScript,
+        keys: &LockKeys,
+        build: impl Fn(&mut Cmd),
+    ) -> Result<T, LockError> {
+        let mut conn = self.commands.clone();
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&script.sha);
+        build(&mut cmd);
+        match cmd.query_async(&mut conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(script.source);
+                build(&mut cmd);
+                cmd.query_async(&mut conn).await.map_err(|e| self.error(keys, e))
+            }
+            Err(e) if matches!(e.kind(), redis::ErrorKind::Server(redis::ServerErrorKind::Moved)) => {
+                Err(LockError::InvalidConfig(format!(
+                    "{} answered MOVED for lock `{}`: it is a Redis Cluster node; point the client at a standalone Redis",
+                    self.server, keys.name
+                )))
+            }
+            other => other.map_err(|e| self.error(keys, e)),
+        }
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        keys: &LockKeys,
+        token: &LockToken,
+        ttl: Duration,
+        metadata: &str,
+        queueing: Option<Queueing>,
+    ) -> Result<Attempt, LockError> {
+        let (register, lease) = queueing.map_or((0, 0), |q| (millis(q.register), millis(q.lease)));
+        let (code, value): (i64, i64) = self
+            .eval(&ACQUIRE, keys, |c| {
+                all_keys(c, keys).arg(token.as_str()).arg(millis(ttl)).arg(metadata).arg(register).arg(lease);
+            })
+            .await?;
+        let fence = value.max(0) as u64;
+        Ok(match code {
+            1 => Attempt::Granted { fence },
+            2 => Attempt::HandedOver { fence },
+            _ => Attempt::Busy { remaining: u64::try_from(value).ok().map(Duration::from_millis) },
+        })
+    }
+
+    pub(crate) async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<u64>, LockError> {
+        let fence: i64 = self
+            .eval(&WITHDRAW, keys, |c| {
+                all_keys(c, keys).arg(token.as_str());
+            })
+            .await?;
+        Ok(u64::try_from(fence).ok())
+    }
+
+    pub(crate) async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
+        let renewed: i64 = self
+            .eval(&RENEW, keys, |c| {
+                c.arg(1).arg(&keys.record).arg(token.as_str()).arg(millis(ttl));
+            })
+            .await?;
+        Ok(renewed == 1)
+    }
+
+    pub(crate) async fn release(
+        &self,
+        keys: &LockKeys,
+        token: &LockToken,
+        keep: Option<Duration>,
+    ) -> Result<ReleaseOutcome, LockError> {
+        // A keep that rounds to 0 ms would mean "delete": keep at least 1 ms.
+        let keep_ms = keep.map_or(0, |k| millis(k).max(1));
+        let outcome: i64 = self
+            .eval(&RELEASE, keys, |c| {
+                all_keys(c, keys).arg(token.as_str()).arg(keep_ms);
+            })
+            .await?;
+        Ok(match outcome {
+            1 => ReleaseOutcome::Released,
+            2 => ReleaseOutcome::TakenByOther,
+            _ => ReleaseOutcome::Expired,
+        })
+    }
+
+    pub(crate) async fn remaining(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Duration>, LockError> {
+        let pttl: i64 = self
+            .eval(&REMAINING, keys, |c| {
+                c.arg(1).arg(&keys.record).arg(token.as_str());
+            })
+            .await?;
+        Ok(match pttl {
+            -2 => None,
+            // Ours without expiry cannot happen through this crate; report it as "as long as you like".
+            -1 => Some(Duration::MAX),
+            ms => Some(Duration::from_millis(ms.max(0) as u64)),
+        })
+    }
+
+    pub(crate) async fn info(&self, keys: &LockKeys) -> Result<Option<LockInfo>, LockError> {
+        let info: Option<(String, u64, i64, usize)> = self
+            .eval(&INFO, keys, |c| {
+                all_keys(c, keys);
+            })
+            .await?;
+        Ok(info.map(|(metadata, fencing_token, pttl, waiting)| LockInfo {
+            metadata,
+            fencing_token,
+            remaining_ttl: Duration::from_millis(pttl.max(0) as u64),
+            waiting,
+        }))
+    }
+
+    pub(crate) async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
+        let deleted: i64 = self
+            .eval(&FORCE_UNLOCK, keys, |c| {
+                all_keys(c, keys);
+            })
+            .await?;
+        Ok(deleted == 1)
+    }
+
+    pub(crate) async fn watch_releases(&self, keys: &LockKeys) -> Result<ReleaseWatch, LockError> {
+        self.subscriber.watch(&keys.channel()).await.map_err(|e| self.error(keys, e))
+    }
+}
+
+/// The four KEYS of the scripts that may queue or hand over: record, fence, queue, waiters.
+fn all_keys<'c>(cmd: &'c mut Cmd, keys: &LockKeys) -> &'c mut Cmd {
+    cmd.arg(4).arg(&keys.record).arg(keys.fence()).arg(keys.queue()).arg(keys.waiters())
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn timeout_error(what: &'static str) -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, what))
+}

@@ -1,0 +1,135 @@
+//! The shared subscriber: one RESP3 connection per client, opened on the first wait, carrying the
+//! subscriptions of all waiters. A channel is subscribed while at least one waiter watches it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use redis::aio::ConnectionManager;
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::watch;
+
+use super::{manager_config, Timeouts};
+use crate::backend::{Announcement, ReleaseWatch};
+
+/// The shared subscriber: one RESP3 connection per client, opened on the first wait, carrying the
+/// subscriptions of all waiters. A channel is subscribed while at least one waiter watches it.
+pub(super) struct Subscriber {
+    info: redis::ConnectionInfo,
+    timeouts: Timeouts,
+    channels: Arc<Mutex<HashMap<Vec<u8>, Channel>>>,
+    connection: Arc<tokio::sync::OnceCell<ConnectionManager>>,
+    /// Serializes SUBSCRIBE/UNSUBSCRIBE so each is decided on the waiter count at the time it is sent.
+    commands: Arc<tokio::sync::Mutex<()>>,
+}
+
+struct Channel {
+    tx: watch::Sender<Announcement>,
+    waiters: usize,
+    subscribed: bool,
+}
+
+fn lock_channels(channels: &Mutex<HashMap<Vec<u8>, Channel>>) -> MutexGuard<'_, HashMap<Vec<u8>, Channel>> {
+    // Every critical section leaves the map consistent, so a panic elsewhere cannot have broken it.
+    channels.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Subscriber {
+    pub(super) fn new(info: redis::ConnectionInfo, timeouts: Timeouts) -> Self {
+        Self { info, timeouts, channels: Arc::default(), connection: Arc::default(), commands: Arc::default() }
+    }
+
+    async fn connection(&self) -> redis::RedisResult<ConnectionManager> {
+        let channels = Arc::clone(&self.channels);
+        self.connection
+            .get_or_try_init(|| async move {
+                let on_push = move |push: PushInfo| -> Result<(), std::convert::Infallible> {
+                    let channels = lock_channels(&channels);
+                    match push.kind {
+                        PushKind::Message => {
+                            if let [Value::BulkString(name), Value::BulkString(text), ..] = push.data.as_slice() {
+                                if let Some(channel) = channels.get(name.as_slice()) {
+                                    let text = String::from_utf8_lossy(text);
+                                    channel.tx.send_replace(Announcement::HandedOver(text.into()));
+                                }
+                            }
+                        }
+                        // Announcements may have been lost while disconnected: every waiter retries once.
+                        PushKind::Disconnection => {
+                            for channel in channels.values() {
+                                channel.tx.send_replace(Announcement::Retry);
+                            }
+                        }
+                        _ => {}
+                    }
+                    Ok(())
+                };
+                let config = manager_config(self.timeouts).set_push_sender(on_push).set_automatic_resubscription();
+                let client = redis::Client::open(self.info.clone())?;
+                ConnectionManager::new_with_config(client, config).await
+            })
+            .await
+            .cloned()
+    }
+
+    /// Registers a waiter on `channel` and returns once the server has confirmed the subscription, so no
+    /// release published after this returns can be missed.
+    pub(super) async fn watch(&self, channel: &str) -> redis::RedisResult<ReleaseWatch> {
+        let name = channel.as_bytes().to_vec();
+        let rx = {
+            let mut channels = lock_channels(&self.channels);
+            let entry = channels.entry(name.clone()).or_insert_with(|| Channel {
+                tx: watch::Sender::new(Announcement::Nothing),
+                waiters: 0,
+                subscribed: false,
+            });
+            entry.waiters += 1;
+            entry.tx.subscribe()
+        };
+        let watch = ReleaseWatch::new(rx, self.on_last_waiter_gone(name.clone()));
+        let subscribed = lock_channels(&self.channels).get(&name).is_some_and(|c| c.subscribed);
+        if !subscribed {
+            let mut conn = self.connection().await?;
+            let _serial = self.commands.lock().await;
+            let subscribed = lock_channels(&self.channels).get(&name).is_some_and(|c| c.subscribed);
+            if !subscribed {
+                conn.subscribe(channel).await?;
+                if let Some(c) = lock_channels(&self.channels).get_mut(&name) {
+                    c.subscribed = true;
+                }
+            }
+        }
+        Ok(watch)
+    }
+
+    /// What a waiter's drop does: count down, and unsubscribe in the background when it was the last one.
+    fn on_last_waiter_gone(&self, name: Vec<u8>) -> impl FnOnce() + Send + Sync + 'static {
+        let channels = Arc::clone(&self.channels);
+        let commands = Arc::clone(&self.commands);
+        let connection = Arc::clone(&self.connection);
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        move || {
+            let last = {
+                let mut map = lock_channels(&channels);
+                let Some(entry) = map.get_mut(&name) else { return };
+                entry.waiters -= 1;
+                entry.waiters == 0
+            };
+            let (Some(runtime), true) = (runtime, last) else { return };
+            runtime.spawn(async move {
+                let _serial = commands.lock().await;
+                let was_subscribed = {
+                    let mut map = lock_channels(&channels);
+                    match map.get(&name) {
+                        Some(entry) if entry.waiters == 0 => map.remove(&name).is_some_and(|c| c.subscribed),
+                        _ => false,
+                    }
+                };
+                if let (true, Some(mut conn)) = (was_subscribed, connection.get().cloned()) {
+                    if let Err(e) = conn.unsubscribe(&name).await {
+                        tracing::debug!(error = %e, "distlock: unsubscribe failed; the subscription lingers harmlessly");
+                    }
+                }
+            });
+        }
+    }
+}

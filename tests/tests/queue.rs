@@ -1,0 +1,147 @@
+//! The wait queue, on both backends: waiters are served in arrival order, a release hands the lock straight
+//! to the next live waiter, and waiters that give up or are cancelled leave the queue.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use distlock::{Client, LockError, RetryStrategy};
+use distlock_tests::{eventually, within, Fixture};
+use tokio::time::Instant;
+
+macro_rules! suite {
+    ($($name:ident),* $(,)?) => {
+        mod with_redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(distlock_tests::Fixture::redis().await).await
+                }
+            )*
+        }
+        mod with_memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(distlock_tests::Fixture::memory().await).await
+                }
+            )*
+        }
+    };
+}
+
+suite!(
+    waiters_are_served_in_arrival_order,
+    release_serves_the_next_waiter_promptly,
+    waiter_that_gives_up_leaves_the_queue,
+    cancelled_waiter_does_not_stall_the_queue,
+    try_acquire_does_not_jump_the_queue,
+);
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// A retry interval far longer than any test: only a hand-over can serve these waiters in time.
+fn slow_retry() -> RetryStrategy {
+    RetryStrategy::Linear { step: Duration::from_secs(3) }
+}
+
+/// How many requests wait for `key`, as its holder's record reports.
+async fn waiting(client: &Client, key: &str) -> usize {
+    client.lock_info(key).await.expect("lock_info").map_or(0, |info| info.waiting)
+}
+
+async fn waiters_are_served_in_arrival_order(fx: Fixture) {
+    const KEY: &str = "fifo";
+    let holder = fx.client().lock(KEY).ttl(Duration::from_secs(30)).acquire().await.expect("holder");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..5 {
+        // Separate clients, as separate replicas would be.
+        let client = fx.other_client().await;
+        let order = Arc::clone(&order);
+        waiters.push(tokio::spawn(async move {
+            let guard =
+                client.lock(KEY).wait(Duration::from_secs(20)).retry(slow_retry()).acquire().await.expect("served");
+            order.lock().expect("order").push(i);
+            guard.release().await.expect("release");
+        }));
+        // Arrival order is what is being tested: wait until this one stands in the queue.
+        eventually(LIMIT, "waiter queued", || async { waiting(fx.client(), KEY).await == i + 1 }).await;
+    }
+    holder.release().await.expect("release");
+    for waiter in waiters {
+        within(LIMIT, "waiter served", waiter).await.expect("no panic");
+    }
+    assert_eq!(*order.lock().expect("order"), vec![0, 1, 2, 3, 4], "served out of arrival order");
+}
+
+async fn release_serves_the_next_waiter_promptly(fx: Fixture) {
+    const KEY: &str = "handover";
+    let holder = fx.client().lock(KEY).acquire().await.expect("holder");
+    let before = holder.fencing_token();
+    let client = fx.other_client().await;
+    let waiter = tokio::spawn(async move {
+        let guard = client.lock(KEY).wait(Duration::from_secs(20)).retry(slow_retry()).acquire().await?;
+        Ok::<_, LockError>((Instant::now(), guard.fencing_token(), guard.release().await?))
+    });
+    eventually(LIMIT, "waiter queued", || async { waiting(fx.client(), KEY).await == 1 }).await;
+    let released = Instant::now();
+    holder.release().await.expect("release");
+    let (served, fence, _) = within(LIMIT, "waiter served", waiter).await.expect("no panic").expect("acquired");
+    let handoff = served.duration_since(released);
+    // The waiter's next retry is 1.5–3 s away: only the hand-over explains a prompt start.
+    assert!(handoff < Duration::from_millis(500), "hand-over took {handoff:?}");
+    assert!(fence > before, "the hand-over carries a new fencing token");
+}
+
+async fn waiter_that_gives_up_leaves_the_queue(fx: Fixture) {
+    const KEY: &str = "gives-up";
+    let holder = fx.client().lock(KEY).acquire().await.expect("holder");
+    let other = fx.other_client().await;
+    let outcome = other.lock(KEY).wait(Duration::from_millis(400)).retry(slow_retry()).acquire().await;
+    assert!(matches!(outcome, Err(LockError::NotObtained { .. })), "got {outcome:?}");
+    assert_eq!(waiting(fx.client(), KEY).await, 0, "the waiter left the queue when its wait ran out");
+    holder.release().await.expect("release");
+    // Had the waiter stayed queued, the release would have handed the lock to it.
+    let again = other.lock(KEY).try_acquire().await.expect("try_acquire");
+    assert!(again.is_some(), "the lock went to a waiter that had given up");
+}
+
+async fn cancelled_waiter_does_not_stall_the_queue(fx: Fixture) {
+    const KEY: &str = "cancelled";
+    let holder = fx.client().lock(KEY).ttl(Duration::from_secs(30)).acquire().await.expect("holder");
+    let first = fx.other_client().await;
+    let cancelled = tokio::spawn(async move {
+        first.lock(KEY).wait(Duration::from_secs(20)).retry(slow_retry()).acquire().await.map(drop)
+    });
+    eventually(LIMIT, "first waiter queued", || async { waiting(fx.client(), KEY).await == 1 }).await;
+    let second = fx.other_client().await;
+    let patient = tokio::spawn(async move {
+        let guard = second.lock(KEY).wait(Duration::from_secs(20)).retry(slow_retry()).acquire().await?;
+        Ok::<_, LockError>((Instant::now(), guard.release().await?))
+    });
+    eventually(LIMIT, "second waiter queued", || async { waiting(fx.client(), KEY).await == 2 }).await;
+    cancelled.abort();
+    assert!(cancelled.await.expect_err("aborted").is_cancelled());
+    let released = Instant::now();
+    holder.release().await.expect("release");
+    let (served, _) = within(LIMIT, "second waiter served", patient).await.expect("no panic").expect("acquired");
+    let handoff = served.duration_since(released);
+    assert!(handoff < Duration::from_secs(1), "a cancelled waiter held up the queue for {handoff:?}");
+}
+
+async fn try_acquire_does_not_jump_the_queue(fx: Fixture) {
+    const KEY: &str = "no-barging";
+    let holder = fx.client().lock(KEY).ttl(Duration::from_secs(30)).acquire().await.expect("holder");
+    let client = fx.other_client().await;
+    let waiter = tokio::spawn(async move {
+        let guard = client.lock(KEY).wait(Duration::from_secs(20)).retry(slow_retry()).acquire().await?;
+        guard.release().await
+    });
+    eventually(LIMIT, "waiter queued", || async { waiting(fx.client(), KEY).await == 1 }).await;
+    holder.release().await.expect("release");
+    // The release handed the lock to the waiter; a newcomer does not get in ahead of it.
+    let newcomer = fx.client().lock(KEY).try_acquire().await.expect("try_acquire");
+    let served = within(LIMIT, "waiter served", waiter).await.expect("no panic");
+    assert!(newcomer.is_none(), "a newcomer took the lock ahead of the queued waiter");
+    served.expect("the waiter was served");
+}
