@@ -1,0 +1,393 @@
+//! distlock benchmark: distlock against the raw two-round-trip floor and rslock, on a redis-server it starts.
+//!
+//! Run (from the workspace root; about 2.5 minutes on 2 cores):
+//!
+//! ```text
+//! cargo run --release -p distlock-bench
+//! cargo run --release -p distlock-bench -- --quick            # smoke run, under 30 s
+//! cargo run --release -p distlock-bench -- --rounds 7         # more rounds for scenarios 1–3
+//! cargo run --release -p distlock-bench -- --only 2 --variants raw,api   # one scenario, some contenders
+//! ```
+//!
+//! It starts a private `redis-server` (`$REDIS_SERVER_BIN`, else `redis-server` on `PATH`) on a free loopback
+//! port through `distlock_tests::RedisServer` — never the machine's own Redis on 6379 — and talks to nothing
+//! else. Every loop is bounded in count and time. `BENCH_DEBUG=1` also prints, for scenario 4, the server's
+//! per-command call counts over the measured period. Progress goes to stderr; the report (Markdown tables of
+//! medians over rounds, ratios to the raw floor, the machine line and the targets of issue 5) goes to stdout.
+//!
+//! redis-server is pinned to the last CPU and the benchmark to the others (`taskset`; `--no-pin` to skip), so
+//! client and server never share a CPU, as with a server on another host. The timed windows of scenarios 1
+//! and 2 and each row of scenario 4 run in a fresh child process (this binary, with a hidden first argument),
+//! so no contender runs on a heap another one left fragmented.
+//!
+//! Scenarios (A = distlock, B = raw floor, C = rslock; in each round every contender gets one window, in an
+//! order rotated from round to round, so drift in the machine's load hits all of them alike):
+//! 1. one task, distinct keys: cycles/s, p50, p99 — distlock's `acquire`+`release`, `run` and the
+//!    `#[distributed_lock]` macro separately;
+//! 2. 64 tasks, distinct keys: the same, plus client and server CPU per cycle and allocations per cycle;
+//! 3. 16 tasks, one key, hold ~1 ms, 5 ms pause after release: acquisitions/s, hand-off gap p50/p99,
+//!    acquisitions per task (fairness);
+//! 4. 1k, 10k, 100k locks held at once, ttl 30 s: renewal commands/s, client CPU, memory per held lock;
+//! 5. wake-up of a waiter whose backoff is 5 s, after the holder's release, against the round-trip time.
+
+#[allow(unsafe_code)]
+mod alloc;
+mod contention;
+mod held;
+mod measure;
+mod report;
+mod systems;
+mod uncontended;
+mod wakeup;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlock_tests::RedisServer;
+
+use crate::contention::Waiter;
+use crate::systems::{Raw, Systems, Variant};
+
+#[global_allocator]
+static ALLOCATOR: alloc::Counting = alloc::Counting;
+
+/// What to run, and for how long.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub quick: bool,
+    pub rounds: usize,
+    pub one_task_window: Duration,
+    pub many_tasks: usize,
+    pub many_tasks_window: Duration,
+    pub contention_window: Duration,
+    pub held_sizes: Vec<usize>,
+    pub held_ttl: Duration,
+    pub wake_trials: usize,
+    pub rslock_wake_trials: usize,
+    pub variants: Vec<Variant>,
+    pub scenarios: Vec<u8>,
+    /// Pin redis-server and the benchmark to different CPUs.
+    pub pin: bool,
+}
+
+impl Config {
+    fn new(quick: bool) -> Self {
+        let all = vec![Variant::Raw, Variant::Api, Variant::Run, Variant::Macro, Variant::Rslock];
+        if quick {
+            Self {
+                quick,
+                rounds: 2,
+                one_task_window: Duration::from_millis(300),
+                many_tasks: 64,
+                many_tasks_window: Duration::from_millis(400),
+                contention_window: Duration::from_millis(800),
+                held_sizes: vec![1_000, 10_000],
+                held_ttl: Duration::from_secs(3),
+                wake_trials: 5,
+                rslock_wake_trials: 5,
+                variants: all,
+                scenarios: vec![1, 2, 3, 4, 5],
+                pin: true,
+            }
+        } else {
+            Self {
+                quick,
+                rounds: 5,
+                one_task_window: Duration::from_millis(2000),
+                many_tasks: 64,
+                many_tasks_window: Duration::from_millis(1200),
+                contention_window: Duration::from_millis(1500),
+                held_sizes: vec![1_000, 10_000, 100_000],
+                held_ttl: Duration::from_secs(30),
+                wake_trials: 20,
+                rslock_wake_trials: 10,
+                variants: all,
+                scenarios: vec![1, 2, 3, 4, 5],
+                pin: true,
+            }
+        }
+    }
+
+    pub fn command_line(&self) -> String {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        if args.is_empty() {
+            "cargo run --release -p distlock-bench".to_owned()
+        } else {
+            format!("cargo run --release -p distlock-bench -- {}", args.join(" "))
+        }
+    }
+}
+
+const USAGE: &str =
+    "usage: distlock-bench [--quick] [--rounds N] [--only 1,2,3,4,5] [--variants raw,api,run,macro,rslock] [--no-pin]
+  --quick       short smoke run (under 30 s): 2 rounds, short windows, 1k/10k held locks with ttl 3 s
+  --rounds N    rounds for scenarios 1-3 (default 5; 2 with --quick)
+  --only LIST   run only these scenarios
+  --variants L  contenders for scenarios 1-2 (raw, api, run, macro, rslock); scenario 3 runs raw, distlock
+                (if api/run/macro is listed) and rslock (if listed)
+  --no-pin      do not pin redis-server and the benchmark to different CPUs";
+
+fn parse_args() -> Result<Config, String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut config = Config::new(args.iter().any(|a| a == "--quick"));
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| it.next().cloned().ok_or_else(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "--quick" => {}
+            "--no-pin" => config.pin = false,
+            "--rounds" => {
+                config.rounds = value("--rounds")?.parse().map_err(|e| format!("--rounds: {e}"))?;
+                if config.rounds == 0 || config.rounds > 50 {
+                    return Err("--rounds must be 1..=50".into());
+                }
+            }
+            "--only" => {
+                config.scenarios = value("--only")?
+                    .split(',')
+                    .map(|s| s.trim().parse::<u8>().ok().filter(|n| (1..=5).contains(n)))
+                    .collect::<Option<_>>()
+                    .ok_or("--only takes scenario numbers 1-5")?;
+            }
+            "--variants" => {
+                config.variants = value("--variants")?
+                    .split(',')
+                    .map(|s| Variant::parse(s.trim()).ok_or(format!("unknown variant {s:?}")))
+                    .collect::<Result<_, _>>()?;
+            }
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(config)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(held::CHILD_FLAG) {
+        return held::child(&args[2..]);
+    }
+    if args.get(1).map(String::as_str) == Some(uncontended::CHILD_FLAG) {
+        return uncontended::child(&args[2..]);
+    }
+    let config = match parse_args() {
+        Ok(c) => c,
+        Err(msg) => {
+            if !msg.is_empty() {
+                eprintln!("error: {msg}");
+            }
+            eprintln!("{USAGE}");
+            return if msg.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+        }
+    };
+    if cfg!(debug_assertions) {
+        eprintln!("warning: a debug build; measure with `cargo run --release -p distlock-bench`");
+    }
+    let machine_before = report::Machine::read();
+    let server = RedisServer::new();
+    eprintln!("redis-server pid {:?} on {}", server.pid(), server.url());
+    let pinning = if config.pin { pin(&server) } else { None };
+    // One worker per CPU the benchmark may use.
+    let workers = match &pinning {
+        Some((_, client_cpus)) => *client_cpus,
+        None => std::thread::available_parallelism().map_or(1, usize::from),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let started = Instant::now();
+    // The whole benchmark runs in a spawned task, on the runtime's workers like every task it measures:
+    // `block_on`'s own thread is not a worker, and a future polled there pays a cross-thread wake-up per
+    // reply.
+    let (run_config, url, pid) = (config.clone(), server.url(), server.pid().expect("server running"));
+    let results = runtime
+        .block_on(async move { tokio::spawn(async move { run(&run_config, url, pid).await }).await })
+        .expect("the benchmark panicked");
+    let elapsed = started.elapsed();
+    let mut machine = machine_before;
+    machine.finish();
+    machine.pinning = pinning.map(|(what, _)| what);
+    machine.workers = workers;
+    report::print(&config, &machine, &results, elapsed);
+    ExitCode::SUCCESS
+}
+
+/// Pins redis-server (all its threads) to the last CPU and this process to the others, with `taskset`, so
+/// that client and server never share a CPU and every reply crosses between the same two CPUs — as with a
+/// server on another machine. Without it, the scheduler moves them between two regimes (same CPU: a round trip
+/// is two context switches, ~10 µs here; different CPUs: an idle-CPU wake-up each way, ~60 µs in this VM)
+/// in the middle of a run. Returns a description and the number of CPUs left to the benchmark, or `None` when
+/// it could not pin.
+fn pin(server: &RedisServer) -> Option<(String, usize)> {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    if cores < 2 {
+        return None;
+    }
+    let server_cpu = (cores - 1).to_string();
+    let client_cpus = if cores == 2 { "0".to_owned() } else { format!("0-{}", cores - 2) };
+    let taskset = |cpus: &str, pid: u32| {
+        std::process::Command::new("taskset")
+            .args(["-a", "-p", "-c", cpus, &pid.to_string()])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let server_pid = server.pid()?;
+    if taskset(&server_cpu, server_pid) && taskset(&client_cpus, std::process::id()) {
+        let what = format!("redis-server pinned to CPU {server_cpu}, the benchmark to CPU {client_cpus} (taskset)");
+        Some((what, cores - 1))
+    } else {
+        eprintln!(
+            "warning: could not pin with taskset; client and server float between the CPUs (pass --no-pin to silence)"
+        );
+        None
+    }
+}
+
+/// Everything measured.
+#[derive(Debug, Default)]
+pub struct Results {
+    pub rtt: Vec<u32>,
+    /// PING round trips each after the idle time a scenario-5 release follows.
+    pub idle_rtt: Vec<u32>,
+    pub one_task: Option<uncontended::Scenario>,
+    pub many_tasks: Option<uncontended::Scenario>,
+    pub contention: Option<contention::Scenario>,
+    pub held: Vec<held::Row>,
+    pub wake: Vec<wakeup::WakeResult>,
+}
+
+/// The three contenders, connected to `url`.
+pub async fn connect(url: &str) -> Systems {
+    let raw = Raw::connect(url).await.expect("raw connection");
+    let client = distlock::Client::builder().redis(url).build().await.expect("distlock client");
+    let rslock = rslock::LockManager::new(vec![url.to_owned()]);
+    Systems { raw, distlock: client, rslock }
+}
+
+/// A separate connection for INFO and PUBSUB queries.
+pub async fn info_connection(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url).expect("server url").get_multiplexed_async_connection().await.expect("INFO connection")
+}
+
+/// How many CPUs this process may run on (its affinity mask, from /proc/self/status).
+pub fn allowed_cpus() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:").map(|v| v.trim().to_owned())))
+        .map(|list| {
+            list.split(',')
+                .map(|part| match part.split_once('-') {
+                    Some((a, b)) => b.parse::<usize>().unwrap_or(0).saturating_sub(a.parse().unwrap_or(0)) + 1,
+                    None => 1,
+                })
+                .sum::<usize>()
+        })
+        .filter(|&n| n > 0)
+        .unwrap_or(1)
+}
+
+async fn run(config: &Config, url: String, server_pid: u32) -> Results {
+    let sys = Arc::new(connect(&url).await);
+    distlock::install(sys.distlock.clone()).expect("install the client for the macro");
+    let mut info = info_connection(&url).await;
+    let mut results =
+        Results { rtt: wakeup::round_trips(&sys, if config.quick { 500 } else { 2000 }).await, ..Results::default() };
+    eprintln!("round trip (PING): p50 {:.1} µs", measure::percentile_us(&results.rtt, 50.0));
+
+    let wanted = |n: u8| config.scenarios.contains(&n);
+    let (mut allocs_one, mut allocs_many) = Default::default();
+    if wanted(1) || wanted(2) {
+        eprintln!("allocations per cycle (before anything is timed)");
+        if wanted(1) {
+            allocs_one = uncontended::count_allocations(&url, server_pid, &config.variants, 1, 2_000).await;
+        }
+        if wanted(2) {
+            allocs_many =
+                uncontended::count_allocations(&url, server_pid, &config.variants, config.many_tasks, 50).await;
+        }
+    }
+    if wanted(1) {
+        eprintln!("scenario 1: one task, distinct keys");
+        results.one_task = Some(
+            uncontended::run(
+                &url,
+                server_pid,
+                &config.variants,
+                uncontended::Shape { tasks: 1, window: config.one_task_window, rounds: config.rounds },
+                &allocs_one,
+            )
+            .await,
+        );
+    }
+    if wanted(2) {
+        eprintln!("scenario 2: {} tasks, distinct keys", config.many_tasks);
+        results.many_tasks = Some(
+            uncontended::run(
+                &url,
+                server_pid,
+                &config.variants,
+                uncontended::Shape {
+                    tasks: config.many_tasks,
+                    window: config.many_tasks_window,
+                    rounds: config.rounds,
+                },
+                &allocs_many,
+            )
+            .await,
+        );
+    }
+    if wanted(3) {
+        eprintln!("scenario 3: {} tasks, one key", contention::TASKS);
+        let waiters: Vec<Waiter> = Waiter::ALL
+            .into_iter()
+            .filter(|w| match w {
+                Waiter::RawPoll => config.variants.contains(&Variant::Raw),
+                Waiter::Distlock => {
+                    config.variants.iter().any(|v| matches!(v, Variant::Api | Variant::Run | Variant::Macro))
+                }
+                Waiter::Rslock => config.variants.contains(&Variant::Rslock),
+            })
+            .collect();
+        results.contention =
+            Some(contention::run(&sys, &mut info, &waiters, config.contention_window, config.rounds).await);
+    }
+    if wanted(4) {
+        for &n in &config.held_sizes {
+            eprintln!("scenario 4: {n} locks held, ttl {:?} (each holder in a fresh child process)", config.held_ttl);
+            for holder in held::Holder::ALL {
+                let (url, ttl) = (url.clone(), config.held_ttl);
+                let row = tokio::task::spawn_blocking(move || held::in_child(holder, &url, n, ttl))
+                    .await
+                    .expect("scenario-4 child thread");
+                match row {
+                    Ok(row) => {
+                        eprintln!(
+                            "  {}: {} renewal commands in ttl/3, cpu {:.3}%, heap {:.0} B/lock, rss {:.0} B/lock, filled in {:.2} s, lost {}",
+                            row.label, row.renewal_commands, row.cpu_pct, row.heap_per_lock, row.rss_per_lock, row.fill_s, row.lost
+                        );
+                        results.held.push(row);
+                    }
+                    Err(e) => eprintln!("  {holder:?}: {e}"),
+                }
+            }
+        }
+    }
+    if wanted(5) {
+        eprintln!("scenario 5: wake-up after release");
+        results.idle_rtt = wakeup::round_trips_after(&sys, config.wake_trials, wakeup::SETTLE).await;
+        let holder = distlock::Client::builder().redis(url.as_str()).build().await.expect("second distlock client");
+        results.wake.push(wakeup::distlock(&sys, &holder, &mut info, config.wake_trials).await);
+        if config.variants.contains(&Variant::Rslock) {
+            let rs_holder = rslock::LockManager::new(vec![url.clone()]);
+            results.wake.push(wakeup::rslock(&sys, &rs_holder, config.rslock_wake_trials).await);
+        }
+        for w in &results.wake {
+            eprintln!("  {}: p50 {:.1} µs, max {:.1} µs, bad trials {}", w.label, w.p50_us(), w.max_us(), w.bad_trials);
+        }
+    }
+    results
+}
