@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::LockKeys;
@@ -78,7 +78,10 @@ pub(crate) struct Grant {
     pub(crate) hold_at_least: Option<Duration>,
     /// With `max_hold`: no renewal is sent after this instant.
     pub(crate) max_hold_until: Option<Instant>,
-    pub(crate) lease: watch::Sender<Lease>,
+    /// Mutex plus Notify rather than a watch channel: a held lock should cost as little memory as possible.
+    lease: Mutex<Lease>,
+    /// Woken on every change of `lease`.
+    lease_changed: Notify,
     /// IDLE, RENEWING or FINISHED.
     state: AtomicU8,
     /// Tells a waiting release that the renewal in flight has come back.
@@ -107,7 +110,8 @@ impl Grant {
             acquired_at: lease.renewed_from,
             hold_at_least: limits.hold_at_least,
             max_hold_until: limits.max_hold.and_then(|m| lease.renewed_from.checked_add(m)),
-            lease: watch::Sender::new(lease),
+            lease: Mutex::new(lease),
+            lease_changed: Notify::new(),
             state: AtomicU8::new(IDLE),
             renewal_done: Notify::new(),
             queued: Mutex::new(None),
@@ -115,7 +119,34 @@ impl Grant {
     }
 
     pub(crate) fn lease(&self) -> Lease {
-        *self.lease.borrow()
+        *self.lease.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Applies `change` to the lease; when it says it changed something, wakes whoever waits on the lease.
+    pub(crate) fn update_lease(&self, change: impl FnOnce(&mut Lease) -> bool) -> bool {
+        let changed = change(&mut self.lease.lock().unwrap_or_else(PoisonError::into_inner));
+        if changed {
+            self.lease_changed.notify_waiters();
+        }
+        changed
+    }
+
+    /// Resolves when the lock is known lost: marked so, or its validity has run out on the monotonic clock.
+    pub(crate) async fn lost(&self) {
+        loop {
+            let changed = self.lease_changed.notified();
+            tokio::pin!(changed);
+            // Registered before reading, so a change in between is not missed.
+            changed.as_mut().enable();
+            let lease = self.lease();
+            if lease.is_lost() {
+                return;
+            }
+            tokio::select! {
+                () = changed => {}
+                () = tokio::time::sleep_until(lease.valid_until) => {}
+            }
+        }
     }
 
     /// The renewal queue entry; lock the queue first, then this.
@@ -130,20 +161,16 @@ impl Grant {
 
     /// Marks the grant lost (once; later calls do nothing) and wakes everyone waiting on `lost()`.
     pub(crate) fn mark_lost(&self, why: &str) {
-        let newly = self.lease.send_if_modified(|l| !std::mem::replace(&mut l.lost, true));
+        let newly = self.update_lease(|l| !std::mem::replace(&mut l.lost, true));
         if newly && !self.is_finished() {
             tracing::warn!(key = %self.keys.name, token = %self.token, "distlock: lock lost: {why}");
         }
     }
 
-    /// Sends one renewal, unless the grant is finished; `None` when it was not sent.
-    pub(crate) async fn renew(&self, ttl: Duration) -> Option<Result<bool, LockError>> {
-        if self.state.compare_exchange(IDLE, RENEWING, Ordering::AcqRel, Ordering::Acquire).is_err() {
-            return None;
-        }
-        // Ends the in-flight state even if this future is dropped mid-call (a timeout).
-        let _in_flight = InFlight(self);
-        Some(self.client.inner.backend.renew(&self.keys, &self.token, ttl).await)
+    /// Marks a renewal in flight, unless the grant is finished; the renewal is over when the ticket drops
+    /// (also when its future is dropped mid-call).
+    pub(crate) fn begin_renewal(&self) -> Option<InFlight<'_>> {
+        self.state.compare_exchange(IDLE, RENEWING, Ordering::AcqRel, Ordering::Acquire).ok().map(|_| InFlight(self))
     }
 
     /// Finishes the grant: no renewal starts from now on. Returns whether one is in flight.
@@ -177,7 +204,8 @@ impl Grant {
 }
 
 /// A renewal in flight; on drop, back to IDLE, or, if the grant was finished meanwhile, tell the release.
-struct InFlight<'a>(&'a Grant);
+#[derive(Debug)]
+pub(crate) struct InFlight<'a>(&'a Grant);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {

@@ -109,17 +109,7 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn lost(&self) {
-        let mut rx = self.grant.lease.subscribe();
-        loop {
-            let lease = *rx.borrow_and_update();
-            if lease.is_lost() {
-                return;
-            }
-            tokio::select! {
-                changed = rx.changed() => if changed.is_err() { std::future::pending::<()>().await },
-                () = tokio::time::sleep_until(lease.valid_until) => {}
-            }
-        }
+        self.grant.lost().await;
     }
 
     /// The lease left on the server, or `None` when the lock is no longer this guard's.
@@ -137,10 +127,11 @@ impl LockGuard {
         }
         let sent = Instant::now();
         if grant.client.inner.backend.renew(&grant.keys, &grant.token, ttl).await? {
-            grant.lease.send_modify(|l| {
+            grant.update_lease(|l| {
                 if !l.lost {
                     *l = Lease::starting(ttl, sent);
                 }
+                true
             });
             grant.client.inner.renewer.schedule(grant, grant.lease().renew_at());
             Ok(())

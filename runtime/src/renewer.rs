@@ -1,15 +1,17 @@
 //! The watchdog: one scheduler per client renews every held lock a third of a lease after its last renewal.
-//! A held lock costs a queue entry, not a task; each renewal is a short task of its own, so renewals of many
-//! locks travel pipelined on the shared connection.
+//! A held lock costs a queue entry, not a task; the renewals that come due together go out as one pipeline
+//! from one short task.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::backend::Renewal;
 use crate::grant::{Grant, Lease, QueueKey};
 
 /// Schedules renewals for the grants of one client.
@@ -118,10 +120,9 @@ async fn run(strong: Arc<Shared>) {
             }
             queue.due.first_key_value().map(|(&(when, _), _)| when)
         };
-        for grant in due {
-            if !grant.is_finished() {
-                tokio::spawn(renew(grant, Arc::downgrade(&strong)));
-            }
+        due.retain(|grant| !grant.is_finished());
+        if !due.is_empty() {
+            tokio::spawn(renew_batch(due, Arc::downgrade(&strong)));
         }
         let wake = strong.wake.notified();
         match next {
@@ -137,54 +138,88 @@ async fn run(strong: Arc<Shared>) {
     }
 }
 
-/// One renewal of one grant, then the plan for the next.
-async fn renew(grant: Arc<Grant>, renewer: Weak<Shared>) {
-    let lease = grant.lease();
-    if lease.lost {
-        return;
-    }
-    let now = Instant::now();
-    if now >= lease.valid_until {
-        grant.mark_lost("no renewal succeeded before the lease ran out");
-        return;
-    }
-    if grant.max_hold_until.is_some_and(|cap| now >= cap) {
-        // max_hold reached: no more renewals; the loss is reported when the lease runs out.
-        tokio::time::sleep_until(lease.valid_until).await;
-        if !grant.is_finished() {
-            grant.mark_lost("max_hold reached: renewals stopped and the lease ran out");
+/// Renews the grants that came due together in one pipeline, then plans each one's next renewal.
+async fn renew_batch(grants: Vec<Arc<Grant>>, renewer: Weak<Shared>) {
+    let sent = Instant::now();
+    let mut sending = Vec::with_capacity(grants.len());
+    for grant in &grants {
+        let lease = grant.lease();
+        if lease.lost {
+            continue;
         }
-        return;
-    }
-    let next = match tokio::time::timeout_at(lease.valid_until, grant.renew(lease.ttl)).await {
-        Ok(None) => return, // finished meanwhile
-        Ok(Some(Ok(true))) => {
-            let renewed = Lease::starting(lease.ttl, now);
-            grant.lease.send_if_modified(|l| {
-                // An extend sent after this renewal has set a newer lease: keep it.
-                let newer = l.lost || l.renewed_from > now;
-                if !newer {
-                    *l = renewed;
-                }
-                !newer
-            });
-            grant.lease().renew_at()
-        }
-        Ok(Some(Ok(false))) => {
-            grant.mark_lost("a renewal found the lock gone or taken by another owner");
-            return;
-        }
-        Ok(Some(Err(e))) => {
-            tracing::debug!(key = %grant.keys.name, error = %e, "distlock: renewal failed; retrying");
-            let retry = (lease.ttl / 20).max(std::time::Duration::from_millis(10));
-            (Instant::now() + retry).min(lease.valid_until)
-        }
-        Err(_) => {
+        if sent >= lease.valid_until {
             grant.mark_lost("no renewal succeeded before the lease ran out");
-            return;
+            continue;
         }
-    };
-    if let Some(shared) = renewer.upgrade() {
-        schedule(&shared, &grant, next);
+        if grant.max_hold_until.is_some_and(|cap| sent >= cap) {
+            // max_hold reached: no more renewals; the loss is reported when the lease runs out.
+            tokio::spawn(expire(Arc::clone(grant), lease.valid_until));
+            continue;
+        }
+        if let Some(ticket) = grant.begin_renewal() {
+            sending.push((grant, lease, ticket));
+        }
+    }
+    let Some(&(first, ..)) = sending.first() else { return };
+    let items: Vec<Renewal<'_>> = sending
+        .iter()
+        .map(|(grant, lease, _)| Renewal { keys: &grant.keys, token: &grant.token, ttl: lease.ttl })
+        .collect();
+    // A reply after the last of the leases ran out can only report losses.
+    let latest = sending.iter().map(|(_, lease, _)| lease.valid_until).max().unwrap_or(sent);
+    let outcome = tokio::time::timeout_at(latest, first.client.inner.backend.renew_many(&items)).await;
+    drop(items);
+    let arrived = Instant::now();
+    for (index, (grant, lease, ticket)) in sending.into_iter().enumerate() {
+        let renewed = match &outcome {
+            Ok(Ok(outcomes)) => match outcomes.get(index) {
+                Some(Ok(renewed)) => Ok(*renewed),
+                Some(Err(e)) => Err(e.to_string()),
+                None => Err("no reply".to_owned()),
+            },
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("timed out".to_owned()),
+        };
+        let next = if arrived >= lease.valid_until {
+            // Too late to count: a lock seen lost never comes back.
+            grant.mark_lost("no renewal succeeded before the lease ran out");
+            None
+        } else {
+            match renewed {
+                Ok(true) => {
+                    let renewed = Lease::starting(lease.ttl, sent);
+                    grant.update_lease(|l| {
+                        // An extend sent after this renewal has set a newer lease: keep it.
+                        let newer = l.lost || l.renewed_from > sent;
+                        if !newer {
+                            *l = renewed;
+                        }
+                        !newer
+                    });
+                    Some(grant.lease().renew_at())
+                }
+                Ok(false) => {
+                    grant.mark_lost("a renewal found the lock gone or taken by another owner");
+                    None
+                }
+                Err(error) => {
+                    tracing::debug!(key = %grant.keys.name, %error, "distlock: renewal failed; retrying");
+                    let retry = (lease.ttl / 20).max(Duration::from_millis(10));
+                    Some((arrived + retry).min(lease.valid_until))
+                }
+            }
+        };
+        drop(ticket);
+        if let (Some(next), Some(shared)) = (next, renewer.upgrade()) {
+            schedule(&shared, grant, next);
+        }
+    }
+}
+
+/// Reports the loss of a grant that may no longer be renewed, when its lease runs out.
+async fn expire(grant: Arc<Grant>, valid_until: Instant) {
+    tokio::time::sleep_until(valid_until).await;
+    if !grant.is_finished() {
+        grant.mark_lost("max_hold reached: renewals stopped and the lease ran out");
     }
 }

@@ -16,24 +16,26 @@ use std::fmt;
 /// # Ok(()) }
 /// ```
 #[derive(Clone, PartialEq, Eq)]
-pub struct LockToken(String);
+pub struct LockToken([u8; 32]);
 
 impl LockToken {
     pub(crate) fn random() -> Self {
         let mut bytes = [0u8; 16];
         // No OS randomness means no unguessable tokens; a lock library cannot go on safely without it.
         getrandom::fill(&mut bytes).expect("the operating system's random source failed");
-        let mut hex = String::with_capacity(32);
-        for byte in bytes {
-            hex.push(char::from(HEX[usize::from(byte >> 4)]));
-            hex.push(char::from(HEX[usize::from(byte & 0xf)]));
+        // Inline hex, not a String: one allocation less per lock, 24 bytes less per held lock.
+        let mut hex = [0u8; 32];
+        for (i, byte) in bytes.into_iter().enumerate() {
+            hex[2 * i] = HEX[usize::from(byte >> 4)];
+            hex[2 * i + 1] = HEX[usize::from(byte & 0xf)];
         }
         Self(hex)
     }
 
     /// The whole token, as stored in Redis.
     pub fn as_str(&self) -> &str {
-        &self.0
+        // Always ASCII hex, so always UTF-8.
+        std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }
 
@@ -41,7 +43,7 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 
 impl fmt::Display for LockToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}…", &self.0[..8])
+        write!(f, "{}…", &self.as_str()[..8])
     }
 }
 

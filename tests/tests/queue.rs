@@ -133,15 +133,20 @@ async fn try_acquire_does_not_jump_the_queue(fx: Fixture) {
     const KEY: &str = "no-barging";
     let holder = fx.client().lock(KEY).ttl(Duration::from_secs(30)).acquire().await.expect("holder");
     let client = fx.other_client().await;
+    let done = Arc::new(tokio::sync::Notify::new());
+    let hold_until = Arc::clone(&done);
     let waiter = tokio::spawn(async move {
         let guard = client.lock(KEY).wait(Duration::from_secs(20)).retry(slow_retry()).acquire().await?;
+        // Held until the newcomer has tried, so a free lock cannot explain the newcomer's result.
+        hold_until.notified().await;
         guard.release().await
     });
     eventually(LIMIT, "waiter queued", || async { waiting(fx.client(), KEY).await == 1 }).await;
     holder.release().await.expect("release");
     // The release handed the lock to the waiter; a newcomer does not get in ahead of it.
     let newcomer = fx.client().lock(KEY).try_acquire().await.expect("try_acquire");
-    let served = within(LIMIT, "waiter served", waiter).await.expect("no panic");
     assert!(newcomer.is_none(), "a newcomer took the lock ahead of the queued waiter");
-    served.expect("the waiter was served");
+    done.notify_one();
+    let served = within(LIMIT, "waiter served", waiter).await.expect("no panic");
+    assert_eq!(served.expect("the waiter was served"), distlock::ReleaseOutcome::Released);
 }

@@ -79,6 +79,14 @@ pub(crate) enum Attempt {
     Busy { remaining: Option<Duration> },
 }
 
+/// One lock to renew.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Renewal<'a> {
+    pub(crate) keys: &'a LockKeys,
+    pub(crate) token: &'a LockToken,
+    pub(crate) ttl: Duration,
+}
+
 /// A waiter's place in the queue, sent with each attempt while waiting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Queueing {
@@ -187,6 +195,20 @@ impl Backend {
     /// Sets the lease to `ttl` from now if `token` still owns the lock; false when it does not.
     pub(crate) async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
         dispatch!(self, b => b.renew(keys, token, ttl).await)
+    }
+
+    /// Renews many locks in one go (one pipelined write to Redis); one outcome per item, in order.
+    pub(crate) async fn renew_many(&self, items: &[Renewal<'_>]) -> Result<Vec<Result<bool, LockError>>, LockError> {
+        match self {
+            Backend::Redis(b) => b.renew_many(items).await,
+            Backend::Memory(b) => {
+                let mut outcomes = Vec::with_capacity(items.len());
+                for item in items {
+                    outcomes.push(b.renew(item.keys, item.token, item.ttl).await);
+                }
+                Ok(outcomes)
+            }
+        }
     }
 
     /// Gives the lock back; with `keep`, leaves it held (by nobody) for that much longer instead.

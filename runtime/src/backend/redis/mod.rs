@@ -6,7 +6,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, FromRedisValue, IntoConnectionInfo, ProtocolVersion};
 
-use super::{Attempt, LockKeys, Queueing, ReleaseWatch};
+use super::{Attempt, LockKeys, Queueing, ReleaseWatch, Renewal};
 use crate::error::{redact_url, BackendError};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
@@ -106,7 +106,13 @@ impl RedisBackend {
                  and a holder then loses its lock at its next renewal. Set maxmemory-policy noeviction"
             );
         }
-        self.probe_lock_cycle(prefix).await
+        self.probe_lock_cycle(prefix).await?;
+        // Cached now, so the first burst of renewals after a restart of this process needs no EVAL fallback.
+        for script in [&*RENEW, &*REMAINING, &*INFO, &*FORCE_UNLOCK] {
+            let _: redis::RedisResult<String> =
+                redis::cmd("SCRIPT").arg("LOAD").arg(script.source).query_async(&mut conn).await;
+        }
+        Ok(())
     }
 
     /// Every command a lock's life uses, once: listen, take, queue a second owner, release (handing over,
@@ -146,7 +152,7 @@ impl RedisBackend {
         cmd.arg(&script.sha);
         build(&mut cmd);
         match cmd.query_async(&mut conn).await {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            Err(e) if is_noscript(&e) => {
                 let mut cmd = redis::cmd("EVAL");
                 cmd.arg(script.source);
                 build(&mut cmd);
@@ -200,6 +206,31 @@ impl RedisBackend {
             })
             .await?;
         Ok(renewed == 1)
+    }
+
+    /// One pipeline of EVALSHA renewals; if the server lost its script cache, once more as EVAL.
+    pub(crate) async fn renew_many(&self, items: &[Renewal<'_>]) -> Result<Vec<Result<bool, LockError>>, LockError> {
+        let pipeline = |by_source: bool| {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for item in items {
+                let cmd =
+                    if by_source { pipe.cmd("EVAL").arg(RENEW.source) } else { pipe.cmd("EVALSHA").arg(&RENEW.sha) };
+                cmd.arg(1).arg(&item.keys.record).arg(item.token.as_str()).arg(millis(item.ttl));
+            }
+            pipe
+        };
+        let mut conn = self.commands.clone();
+        let failed = |e| BackendError::new(&self.server, None, e);
+        let mut replies: Vec<redis::RedisResult<i64>> = pipeline(false).query_async(&mut conn).await.map_err(failed)?;
+        if replies.iter().any(|r| r.as_ref().is_err_and(is_noscript)) {
+            replies = pipeline(true).query_async(&mut conn).await.map_err(failed)?;
+        }
+        Ok(replies
+            .into_iter()
+            .zip(items)
+            .map(|(reply, item)| reply.map(|renewed| renewed == 1).map_err(|e| self.error(item.keys, e)))
+            .collect())
     }
 
     pub(crate) async fn release(
@@ -262,6 +293,10 @@ impl RedisBackend {
     pub(crate) async fn watch_releases(&self, keys: &LockKeys) -> Result<ReleaseWatch, LockError> {
         self.subscriber.watch(&keys.channel()).await.map_err(|e| self.error(keys, e))
     }
+}
+
+fn is_noscript(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
 /// The four KEYS of the scripts that may queue or hand over: record, fence, queue, waiters.
