@@ -21,9 +21,10 @@ struct BusyAttempt {
     queueing: Option<Queueing>,
 }
 
-pub(crate) async fn acquire(request: LockRequest) -> Result<LockGuard, LockError> {
+pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockError> {
+    // The key moves into the lock's names; errors name it from there.
+    let keys = LockKeys::new(&request.client.inner.prefix, std::mem::take(&mut request.key));
     let backend = &request.client.inner.backend;
-    let keys = request.client.keys(&request.key);
     let token = LockToken::random();
     let started = Instant::now();
     let deadline = started.checked_add(request.wait).unwrap_or(started + FOREVER);
@@ -102,7 +103,7 @@ async fn give_up(
             return grant(request, keys, token, fence, lease, started);
         }
     }
-    Err(LockError::NotObtained { key: request.key, waited: started.elapsed() })
+    Err(LockError::NotObtained { key: keys.name, waited: started.elapsed() })
 }
 
 fn grant(
@@ -117,8 +118,9 @@ fn grant(
     // A guard is made even when the grant came too late to use, so that dropping it releases.
     let guard = LockGuard::new(grant);
     if guard.is_lost() {
+        let key = guard.key().to_owned();
         drop(guard);
-        return Err(LockError::NotObtained { key: request.key, waited: started.elapsed() });
+        return Err(LockError::NotObtained { key, waited: started.elapsed() });
     }
     Ok(guard)
 }

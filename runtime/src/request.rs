@@ -1,6 +1,7 @@
 //! Lock requests: settings, the acquire loop (one round trip per attempt, woken by releases), and `run`.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::grant::HoldLimits;
@@ -217,10 +218,9 @@ impl LockRequest {
     /// # drop(first); Ok(()) }
     /// ```
     pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
-        let key = self.key.clone();
         match self.wait(Duration::ZERO).acquire().await {
             Ok(guard) => Ok(Some(guard)),
-            Err(LockError::NotObtained { key: k, .. }) if k == key => Ok(None),
+            Err(LockError::NotObtained { .. }) => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -247,32 +247,32 @@ impl LockRequest {
     pub async fn run<F: Future>(self, body: F) -> Result<F::Output, LockError> {
         let on_lost = self.on_lost;
         let guard = self.acquire().await?;
-        let grant = std::sync::Arc::clone(guard.grant());
+        let grant = Arc::clone(guard.grant());
         if guard.is_nested() {
             // Nested: the outer body's lock, watched by the outer `run`.
             return Ok(body.await);
         }
-        let body = held::scope(grant, body);
+        // Boxed: nested lock bodies (an annotated fn calling another) would otherwise each copy the whole body
+        // future into their poll frames, which in debug builds overflows a thread's stack after a few levels.
+        let mut body = Box::pin(held::scope(Arc::clone(&grant), body));
         let output = match on_lost {
             OnLost::Abort => {
-                tokio::pin!(body);
                 tokio::select! {
                     biased;
                     output = &mut body => output,
-                    () = guard.lost() => return Err(LockError::Lost { key: guard.key().to_owned() }),
+                    () = guard.lost() => return Err(LockError::Lost { key: grant.keys.name.clone() }),
                 }
             }
             OnLost::Continue => body.await,
         };
-        let key = guard.key().to_owned();
         // The body's output is never thrown away over a failed release: the lease frees the lock anyway.
         match guard.release().await {
             Ok(ReleaseOutcome::Released) => {}
             Ok(outcome) => {
-                tracing::warn!(%key, ?outcome, "distlock: the lock was no longer held when the body finished")
+                tracing::warn!(key = %grant.keys.name, ?outcome, "distlock: the lock was no longer held when the body finished");
             }
             Err(e) => {
-                tracing::warn!(%key, error = %e, "distlock: release failed; the lock frees when its lease runs out")
+                tracing::warn!(key = %grant.keys.name, error = %e, "distlock: release failed; the lock frees when its lease runs out");
             }
         }
         Ok(output)

@@ -33,27 +33,22 @@ impl LockKeys {
     /// `<prefix>{<key>}:fence`: the fencing counter, kept without expiry. Derived, not stored: a held lock
     /// keeps only what its renewals and release need.
     pub(crate) fn fence(&self) -> String {
-        format!("{}{FENCE_SUFFIX}", self.record)
+        format!("{}{FENCE}", self.record)
     }
 
     /// `<prefix>{<key>}:released`: the pub/sub channel hand-overs are announced on (the scripts append the
     /// same suffix to KEYS[1]).
     pub(crate) fn channel(&self) -> String {
-        format!("{}:released", self.record)
-    }
-
-    /// `<prefix>{<key>}:queue`: waiter tokens in arrival order.
-    pub(crate) fn queue(&self) -> String {
-        format!("{}:queue", self.record)
-    }
-
-    /// `<prefix>{<key>}:waiters`: each waiter's registration expiry, hand-over lease and metadata.
-    pub(crate) fn waiters(&self) -> String {
-        format!("{}:waiters", self.record)
+        format!("{}{CHANNEL}", self.record)
     }
 }
 
-const FENCE_SUFFIX: &str = ":fence";
+/// The suffixes of a lock's derived names (the scripts use `CHANNEL` literally): `QUEUE` holds waiter tokens
+/// in arrival order, `WAITERS` each waiter's registration expiry, hand-over lease and metadata.
+pub(crate) const FENCE: &str = ":fence";
+pub(crate) const CHANNEL: &str = ":released";
+pub(crate) const QUEUE: &str = ":queue";
+pub(crate) const WAITERS: &str = ":waiters";
 
 /// Percent-encodes `%`, `{` and `}`: the escaped text holds no brace, so it cannot close the hash tag, and the
 /// encoding is injective, so two keys never share a record.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, FromRedisValue, IntoConnectionInfo, ProtocolVersion};
 
-use super::{Attempt, LockKeys, Queueing, ReleaseWatch, Renewal};
+use super::{Attempt, LockKeys, Queueing, ReleaseWatch, Renewal, FENCE, QUEUE, WAITERS};
 use crate::error::{redact_url, BackendError};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
@@ -148,8 +148,8 @@ impl RedisBackend {
         build: impl Fn(&mut Cmd),
     ) -> Result<T, LockError> {
         let mut conn = self.commands.clone();
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&script.sha);
+        let mut cmd = Cmd::with_capacity(12, 256);
+        cmd.arg("EVALSHA").arg(&script.sha);
         build(&mut cmd);
         match cmd.query_async(&mut conn).await {
             Err(e) if is_noscript(&e) => {
@@ -301,7 +301,21 @@ fn is_noscript(e: &redis::RedisError) -> bool {
 
 /// The four KEYS of the scripts that may queue or hand over: record, fence, queue, waiters.
 fn all_keys<'c>(cmd: &'c mut Cmd, keys: &LockKeys) -> &'c mut Cmd {
-    cmd.arg(4).arg(&keys.record).arg(keys.fence()).arg(keys.queue()).arg(keys.waiters())
+    let record = keys.record.as_str();
+    cmd.arg(4).arg(record).arg(Suffixed(record, FENCE)).arg(Suffixed(record, QUEUE)).arg(Suffixed(record, WAITERS))
+}
+
+/// `<record><suffix>`, written straight into the command: the derived key names cost no allocation.
+struct Suffixed<'a>(&'a str, &'static str);
+
+impl redis::ToRedisArgs for Suffixed<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        use std::io::Write as _;
+        let mut arg = out.writer_for_next_arg();
+        // Writing into the command's own buffer cannot fail.
+        let _ = arg.write_all(self.0.as_bytes());
+        let _ = arg.write_all(self.1.as_bytes());
+    }
 }
 
 fn millis(d: Duration) -> u64 {
