@@ -1,8 +1,41 @@
-//! Test support for distlock: a real `redis-server` per test ([`RedisServer`]), and a [`Fixture`] that runs
-//! one behaviour suite against both backends.
+//! Test support for distlock: a real `redis-server` per test ([`RedisServer`]), a [`Fixture`] that runs one
+//! behaviour suite against both backends, and the fault-injection harness: a TCP [`proxy`], process signals
+//! ([`sys`]), a lock holder in another process ([`agent`]), event logs and an overlap checker ([`events`]), a
+//! fenced store and a lost-update counter ([`store`]), `MONITOR` recording ([`monitor`]), captured `tracing`
+//! output ([`logs`]), and the [`checker`] users can run against their own Redis.
 
+pub mod agent;
+pub mod checker;
+pub mod events;
 mod fixture;
+pub mod logs;
+pub mod monitor;
+pub mod proxy;
 mod server;
+pub mod store;
+pub mod sys;
 
 pub use fixture::{eventually, within, Backend, Counter, Fixture};
 pub use server::{free_port, RedisServer, INSTALL_HINT};
+
+/// Serializes the timing-sensitive tests of one test binary: hold the guard for the whole test. Tests of
+/// one binary otherwise run in parallel, and on a 2-core machine one test's load can delay another's
+/// timers by more than the margins those tests check.
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
+/// A raw connection to the server at `url` with the given response timeout (`None`: wait forever), for
+/// commands that block the server on purpose (`DEBUG SLEEP`, a busy script).
+pub async fn raw_connection(
+    url: &str,
+    response_timeout: Option<std::time::Duration>,
+) -> redis::aio::MultiplexedConnection {
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(response_timeout);
+    redis::Client::open(url)
+        .unwrap_or_else(|e| panic!("bad url {url}: {e}"))
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
+}

@@ -31,6 +31,8 @@ pub const INSTALL_HINT: &str = "install it with `apt-get install -y redis-server
 /// Tests never talk to any server they did not start, and never run `FLUSHALL`.
 pub struct RedisServer {
     binary: PathBuf,
+    /// Extra `redis-server` arguments, appended after the harness's own (so they can override them).
+    extra_args: Vec<String>,
     port: u16,
     child: Option<Child>,
     // Declared last: removed after the process is gone.
@@ -50,19 +52,32 @@ impl RedisServer {
     ///
     /// Panics (with the server log, or with how to install Redis) if it cannot be started.
     pub fn new() -> Self {
-        let binary =
-            std::env::var_os("REDIS_SERVER_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("redis-server"));
-        Self::with_binary(binary)
+        Self::with_args(Vec::<String>::new())
     }
 
     /// Starts a server with the given `redis-server` binary (a path, or a name looked up on `PATH`).
     pub fn with_binary(binary: impl Into<PathBuf>) -> Self {
-        let binary = binary.into();
+        Self::start(binary.into(), Vec::new())
+    }
+
+    /// Starts a server (as [`new`](Self::new) does) with extra `redis-server` arguments, e.g.
+    /// `["--cluster-enabled", "yes"]`. They are kept across [`restart`](Self::restart).
+    pub fn with_args<I, S>(args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let binary =
+            std::env::var_os("REDIS_SERVER_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("redis-server"));
+        Self::start(binary, args.into_iter().map(Into::into).collect())
+    }
+
+    fn start(binary: PathBuf, extra_args: Vec<String>) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("distlock-redis-")
             .tempdir()
             .unwrap_or_else(|e| panic!("cannot create a temporary directory for redis-server: {e}"));
-        let mut server = RedisServer { binary, port: 0, child: None, dir };
+        let mut server = RedisServer { binary, extra_args, port: 0, child: None, dir };
         let mut last = String::new();
         for _ in 0..PORT_ATTEMPTS {
             server.port = free_port();
@@ -204,6 +219,7 @@ impl RedisServer {
             .arg(self.log_path())
             .args(["--daemonize", "no"])
             .args(["--enable-debug-command", "local"])
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
