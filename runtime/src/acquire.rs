@@ -6,9 +6,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Attempt, LockKeys, Queueing};
+use crate::backend::{Announcement, Attempt, LockKeys, Queueing};
 use crate::grant::{Grant, Lease};
 use crate::{Client, LockError, LockGuard, LockRequest, LockToken, RetryStrategy};
+
+/// The pause before trying again after an attempt failed while waiting.
+const RETRY_AFTER_ERROR: Duration = Duration::from_millis(50);
 
 /// When to give up if `wait` is effectively forever.
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 86_400);
@@ -24,41 +27,52 @@ struct BusyAttempt {
 pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockError> {
     // The key moves into the lock's names; errors name it from there.
     let keys = LockKeys::new(&request.client.inner.prefix, std::mem::take(&mut request.key));
+    let mut pending = Pending::new(&request.client, keys, LockToken::random());
     let backend = &request.client.inner.backend;
-    let token = LockToken::random();
     let started = Instant::now();
     let deadline = started.checked_add(request.wait).unwrap_or(started + FOREVER);
     let mut releases = None;
-    let mut queued: Option<QueuedWaiter> = None;
     let mut last_busy: Option<BusyAttempt> = None;
     let mut retries = 0;
     loop {
         // Queue only once listening: a hand-over announced before that could be missed.
         let queueing = releases.is_some().then(|| queueing(&request, retries + 1));
-        if queueing.is_some() && queued.is_none() {
-            queued = Some(QueuedWaiter::new(&request.client, &keys, &token));
-        }
+        pending.queued |= queueing.is_some();
+        pending.in_flight = true;
         let sent = Instant::now();
-        let remaining = match backend.acquire(&keys, &token, request.ttl, &request.metadata, queueing).await? {
+        let attempt = match backend
+            .acquire(&pending.keys, &pending.token, request.ttl, &request.metadata, queueing)
+            .await
+        {
+            Ok(attempt) => attempt,
+            // While waiting, a passing failure (a reconnect) costs a retry, not the request. The same token
+            // is sent again, so a grant the failed attempt made is found and used.
+            Err(e) if last_busy.is_some() && Instant::now() + RETRY_AFTER_ERROR < deadline => {
+                tracing::debug!(key = %pending.keys.name, error = %e, "distlock: attempt failed while waiting; retrying");
+                tokio::time::sleep(RETRY_AFTER_ERROR).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        pending.in_flight = false;
+        let remaining = match attempt {
             Attempt::Granted { fence } => {
-                defuse(queued);
                 let lease = Lease::starting(request.ttl, sent);
-                return grant(request, keys, token, fence, lease, started);
+                return grant(request, pending, fence, lease, started);
             }
             Attempt::HandedOver { fence } => {
-                defuse(queued);
                 let lease = handed_over_lease(&request, last_busy, sent);
-                return grant(request, keys, token, fence, lease, started);
+                return grant(request, pending, fence, lease, started);
             }
             Attempt::Busy { remaining } => remaining,
         };
         last_busy = Some(BusyAttempt { sent, queueing });
         let now = Instant::now();
         if now >= deadline || request.retry == RetryStrategy::None {
-            return give_up(request, keys, token, queued, last_busy, started).await;
+            return give_up(request, pending, last_busy, started).await;
         }
         let Some(releases) = releases.as_mut() else {
-            releases = Some(backend.watch_releases(&keys).await?);
+            releases = Some(backend.watch_releases(&pending.keys).await?);
             continue;
         };
         retries += 1;
@@ -68,10 +82,10 @@ pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockE
         let handed = loop {
             tokio::select! {
                 announcement = releases.next() => {
-                    if let Some(fence) = announcement.handed_to(&token) {
+                    if let Some(fence) = announcement.handed_to(&pending.token) {
                         break Some(fence);
                     }
-                    if announcement == crate::backend::Announcement::Retry {
+                    if announcement == Announcement::Retry {
                         break None;
                     }
                 }
@@ -79,9 +93,8 @@ pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockE
             }
         };
         if let Some(fence) = handed {
-            defuse(queued);
             let lease = handed_over_lease(&request, last_busy, Instant::now());
-            return grant(request, keys, token, fence, lease, started);
+            return grant(request, pending, fence, lease, started);
         }
     }
 }
@@ -89,31 +102,30 @@ pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockE
 /// The wait ran out: leave the queue, unless the lock was handed to us at the last moment.
 async fn give_up(
     request: LockRequest,
-    keys: LockKeys,
-    token: LockToken,
-    queued: Option<QueuedWaiter>,
+    mut pending: Pending,
     last_busy: Option<BusyAttempt>,
     started: Instant,
 ) -> Result<LockGuard, LockError> {
-    if queued.is_some() {
-        let handed = request.client.inner.backend.withdraw(&keys, &token).await;
-        defuse(queued);
-        if let Some(fence) = handed? {
+    if pending.queued {
+        let handed = request.client.inner.backend.withdraw(&pending.keys, &pending.token).await?;
+        pending.queued = false;
+        if let Some(fence) = handed {
             let lease = handed_over_lease(&request, last_busy, Instant::now());
-            return grant(request, keys, token, fence, lease, started);
+            return grant(request, pending, fence, lease, started);
         }
     }
+    let (keys, _) = pending.finish();
     Err(LockError::NotObtained { key: keys.name, waited: started.elapsed() })
 }
 
 fn grant(
     request: LockRequest,
-    keys: LockKeys,
-    token: LockToken,
+    pending: Pending,
     fence: u64,
     lease: Lease,
     started: Instant,
 ) -> Result<LockGuard, LockError> {
+    let (keys, token) = pending.finish();
     let grant = Grant::new(request.client, keys, token, fence, lease, request.limits);
     // A guard is made even when the grant came too late to use, so that dropping it releases.
     let guard = LockGuard::new(grant);
@@ -147,50 +159,49 @@ fn handed_over_lease(request: &LockRequest, last_busy: Option<BusyAttempt>, fall
     Lease::handed_over(request.ttl, lease, since)
 }
 
-/// A waiter in the queue. If the request is dropped (cancelled) while queued, it leaves the queue in the
-/// background, and releases the lock if a hand-over reached it meanwhile.
+/// A request under way: its lock names and token. If it is dropped (cancelled) or fails while an attempt
+/// may have reached the server, or while it stands in the queue, it cleans up in the background: it leaves
+/// the queue and releases, by its token, a grant or hand-over whose reply it never read.
 #[derive(Debug)]
-struct QueuedWaiter {
+struct Pending {
     client: Client,
     keys: LockKeys,
     token: LockToken,
-    runtime: Option<tokio::runtime::Handle>,
+    in_flight: bool,
+    queued: bool,
 }
 
-impl QueuedWaiter {
-    fn new(client: &Client, keys: &LockKeys, token: &LockToken) -> Self {
-        Self {
-            client: client.clone(),
-            keys: keys.clone(),
-            token: token.clone(),
-            runtime: tokio::runtime::Handle::try_current().ok(),
-        }
+impl Pending {
+    fn new(client: &Client, keys: LockKeys, token: LockToken) -> Self {
+        Self { client: client.clone(), keys, token, in_flight: false, queued: false }
+    }
+
+    /// The request ended with an answer: nothing to clean up.
+    fn finish(mut self) -> (LockKeys, LockToken) {
+        self.in_flight = false;
+        self.queued = false;
+        (std::mem::take(&mut self.keys), std::mem::replace(&mut self.token, LockToken::blank()))
     }
 }
 
-/// The request ended normally: no clean-up needed.
-fn defuse(queued: Option<QueuedWaiter>) {
-    if let Some(mut waiter) = queued {
-        waiter.runtime = None;
-    }
-}
-
-impl Drop for QueuedWaiter {
+impl Drop for Pending {
     fn drop(&mut self) {
-        let Some(runtime) = self.runtime.take() else { return };
-        let (client, keys, token) = (self.client.clone(), self.keys.clone(), self.token.clone());
+        if !self.in_flight && !self.queued {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let (client, queued) = (self.client.clone(), self.queued);
+        let (keys, token) = (std::mem::take(&mut self.keys), std::mem::replace(&mut self.token, LockToken::blank()));
         runtime.spawn(async move {
             let backend = &client.inner.backend;
-            match backend.withdraw(&keys, &token).await {
-                Ok(Some(_)) => {
-                    if let Err(e) = backend.release(&keys, &token, None).await {
-                        tracing::warn!(key = %keys.name, error = %e, "distlock: a cancelled waiter was handed the lock and could not give it back; it frees when its short hand-over lease runs out");
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::debug!(key = %keys.name, error = %e, "distlock: a cancelled waiter could not leave the queue; its place expires by itself");
-                }
+            let ours = if queued { backend.withdraw(&keys, &token).await.map(|fence| fence.is_some()) } else { Ok(true) };
+            // Released only if the record still carries this token; otherwise the script leaves it alone.
+            let outcome = match ours {
+                Ok(true) => backend.release(&keys, &token, None).await.map(drop),
+                other => other.map(drop),
+            };
+            if let Err(e) = outcome {
+                tracing::debug!(key = %keys.name, error = %e, "distlock: a cancelled request could not clean up; its place and any orphan grant expire by themselves");
             }
         });
     }

@@ -141,14 +141,24 @@ impl LockGuard {
         }
     }
 
-    /// Stops the watchdog and gives the lock back, saying whether it was still ours. A nested guard (taken
-    /// inside a lock body that already holds the key) leaves the outer hold in place and reports `Released`.
+    /// Stops the watchdog and gives the lock back, saying whether it was still ours. A guard already known
+    /// lost sends nothing and reports `Expired`. A nested guard (taken inside a lock body that already holds
+    /// the key) leaves the outer hold in place and reports `Released`.
     pub async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
         if self.released {
             return Ok(ReleaseOutcome::Released);
         }
+        if self.is_lost() {
+            // Past its deadline the lock is not ours to touch: no command carries the token again.
+            self.released = true;
+            self.grant.abandon();
+            return Ok(ReleaseOutcome::Expired);
+        }
+        // `released` is set only once the release is done: if this future is dropped on the way, the guard's
+        // Drop releases in the background instead.
+        let outcome = self.grant.release().await;
         self.released = true;
-        self.grant.release().await
+        outcome
     }
 }
 
@@ -179,8 +189,9 @@ impl Drop for LockGuard {
             return;
         }
         let grant = Arc::clone(&self.grant);
-        // A lost lock is not ours to touch: no command carries its token again.
-        if grant.lease().lost {
+        // A lost lock (flagged, or past its deadline on the monotonic clock) is not ours to touch: no command
+        // carries its token again.
+        if grant.lease().is_lost() {
             grant.abandon();
             return;
         }

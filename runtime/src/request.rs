@@ -259,7 +259,14 @@ impl LockRequest {
             OnLost::Abort => {
                 tokio::select! {
                     biased;
-                    output = &mut body => output,
+                    output = &mut body => {
+                        // A body that kept its thread past the deadline (blocking code) finished without the
+                        // lock: its work may have overlapped another holder's, and the caller must know.
+                        if guard.is_lost() {
+                            return Err(LockError::Lost { key: grant.keys.name.clone() });
+                        }
+                        output
+                    }
                     () = guard.lost() => return Err(LockError::Lost { key: grant.keys.name.clone() }),
                 }
             }

@@ -32,6 +32,11 @@ impl LockToken {
         Self(hex)
     }
 
+    /// Stands in for a token that has been moved out; never sent.
+    pub(crate) fn blank() -> Self {
+        Self([b'0'; 32])
+    }
+
     /// The whole token, as stored in Redis.
     pub fn as_str(&self) -> &str {
         // Always ASCII hex, so always UTF-8.

@@ -104,7 +104,6 @@ async fn s03_starved_executor_guard_invalid_by_its_deadline_no_late_revival() {
 /// LockError::Lost"; LockRequest::run: "If the lock is lost while the body runs ... the result is
 /// LockError::Lost").
 #[tokio::test(flavor = "current_thread")]
-#[ignore = "engine bug: run returns Ok(output) for a body that finished after its lease deadline (request.rs run: biased select takes the body's output without checking guard.is_lost())"]
 async fn s03_run_whose_body_outlives_its_lease_reports_lost() {
     const KEY: &str = "starved-run";
     let fx = Fixture::redis().await;
@@ -132,7 +131,6 @@ async fn s03_run_whose_body_outlives_its_lease_reports_lost() {
 /// command with its token (README: "after release, drop, panic, cancellation or loss no command with that
 /// token is sent again").
 #[tokio::test(flavor = "current_thread")]
-#[ignore = "engine bug: a guard dropped after its deadline but before the watchdog marked it lost sends a RELEASE with its token (guard.rs Drop checks lease().lost, not is_lost())"]
 async fn s08_guard_dropped_after_its_deadline_sends_nothing_with_its_token() {
     const KEY: &str = "dropped-after-deadline";
     let ttl = ms(500);
@@ -462,7 +460,6 @@ async fn time_until_gone(client: &Client, key: &str, conn: &mut redis::aio::Mult
 /// dropped after its first poll.
 // Current-thread: between two polls of the cancelled future nothing else runs, so where it stops is exact.
 #[tokio::test(flavor = "current_thread")]
-#[ignore = "engine bug: dropping run, or a LockGuard::release() future, after the release started but before its command was sent leaves the key held for the rest of the lease (guard.rs LockGuard::release sets released = true before awaiting, so Drop does not release in the background)"]
 async fn s09_cancel_while_release_is_under_way_frees_within_200ms() {
     const KEY: &str = "cancel-in-release";
     let fx = Fixture::redis().await;
@@ -494,7 +491,6 @@ async fn s09_cancel_while_release_is_under_way_frees_within_200ms() {
 /// cancellation (issue: "panic / timeout / abort at random await points ... key gone within 200 ms"),
 /// not held for the whole ttl.
 #[tokio::test(flavor = "current_thread")]
-#[ignore = "engine bug: a grant whose acquire future was dropped before it read the reply is never released by token; the orphan holds the key for its whole ttl (acquire.rs: no cleanup by token when the future is dropped during backend.acquire)"]
 async fn s09_cancel_while_acquire_reply_is_in_flight_frees_within_200ms() {
     const KEY: &str = "cancel-in-acquire";
     let fx = Fixture::redis().await;

@@ -196,7 +196,6 @@ async fn s06_client_kill_reconnects_holder_not_lost() {
 /// times within a second; once reconnected it is subscribed again, and a release wakes it at once (it
 /// retries only every 10-20 s on its own).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "engine bug: after repeated connection kills the shared subscriber reconnects without its subscriptions (it relies on redis-rs automatic resubscription, which ignores a failed resubscribe); waiters then hear no release and fall back to timed retries (backend/redis/subscriber.rs)"]
 async fn s06_client_kill_waiter_resubscribed_and_woken_by_release() {
     const KEY: &str = "killed-subscription";
     let _serial = serial().await;
@@ -252,7 +251,6 @@ async fn s06_proxy_reset_and_refusal_within_validity_not_lost() {
 /// Scenario 6 through the proxy, the waiter's side: the waiter's connections are reset three times; once
 /// reconnected it is subscribed again, and a release wakes it at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "engine bug: after repeated connection resets the shared subscriber reconnects without its subscriptions (it relies on redis-rs automatic resubscription, which ignores a failed resubscribe); waiters then hear no release and fall back to timed retries (backend/redis/subscriber.rs)"]
 async fn s06_proxy_reset_waiter_resubscribed_and_woken_by_release() {
     const KEY: &str = "reset-subscription";
     let _serial = serial().await;

@@ -12,7 +12,7 @@ use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 /// The names one lock uses in the backend. All share the hash tag `{<escaped key>}`, so in a cluster they sit
 /// in one slot; the user's key is escaped so that it cannot end the tag early or reach another lock's names.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct LockKeys {
     /// The key as the user wrote it: the lock's identity in messages and for reentrancy.
     pub(crate) name: String,

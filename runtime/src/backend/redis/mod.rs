@@ -141,6 +141,9 @@ impl RedisBackend {
     }
 
     /// EVALSHA, falling back to EVAL when the server lost its script cache.
+    /// EVALSHA, falling back to EVAL when the server lost its script cache, and sent once more at once when
+    /// the connection had dropped (the manager reconnects on the failed call). Every script is keyed by the
+    /// grant's token, so a repeat is safe: a repeated acquire finds its own grant.
     async fn eval<T: FromRedisValue>(
         &self,
         script: &LuaScript,
@@ -151,7 +154,11 @@ impl RedisBackend {
         let mut cmd = Cmd::with_capacity(12, 256);
         cmd.arg("EVALSHA").arg(&script.sha);
         build(&mut cmd);
-        match cmd.query_async(&mut conn).await {
+        let mut reply = cmd.query_async(&mut conn).await;
+        if reply.as_ref().is_err_and(redis::RedisError::is_connection_dropped) {
+            reply = cmd.query_async(&mut conn).await;
+        }
+        match reply {
             Err(e) if is_noscript(&e) => {
                 let mut cmd = redis::cmd("EVAL");
                 cmd.arg(script.source);

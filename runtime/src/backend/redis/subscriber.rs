@@ -40,6 +40,12 @@ impl Subscriber {
 
     async fn connection(&self) -> redis::RedisResult<ConnectionManager> {
         let channels = Arc::clone(&self.channels);
+        let resubscribe = Resubscribe {
+            channels: Arc::clone(&self.channels),
+            connection: Arc::clone(&self.connection),
+            commands: Arc::clone(&self.commands),
+            runtime: tokio::runtime::Handle::try_current().ok(),
+        };
         self.connection
             .get_or_try_init(|| async move {
                 let on_push = move |push: PushInfo| -> Result<(), std::convert::Infallible> {
@@ -53,11 +59,13 @@ impl Subscriber {
                                 }
                             }
                         }
-                        // Announcements may have been lost while disconnected: every waiter retries once.
+                        // Announcements may have been lost while disconnected: every waiter retries once, and
+                        // the subscriptions are restored (redis-rs's own resubscription gives up on a failure).
                         PushKind::Disconnection => {
                             for channel in channels.values() {
                                 channel.tx.send_replace(Announcement::Retry);
                             }
+                            resubscribe.start();
                         }
                         _ => {}
                     }
@@ -131,5 +139,51 @@ impl Subscriber {
                 }
             });
         }
+    }
+}
+
+/// Restores the subscriptions of every channel that has waiters, after a disconnection.
+#[derive(Clone)]
+struct Resubscribe {
+    channels: Arc<Mutex<HashMap<Vec<u8>, Channel>>>,
+    connection: Arc<tokio::sync::OnceCell<ConnectionManager>>,
+    commands: Arc<tokio::sync::Mutex<()>>,
+    runtime: Option<tokio::runtime::Handle>,
+}
+
+impl Resubscribe {
+    /// Most attempts, and the longest pause between them: bounded work, about 10 s in all.
+    const ATTEMPTS: u32 = 12;
+    const MAX_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+
+    fn start(&self) {
+        let Some(runtime) = &self.runtime else { return };
+        runtime.spawn(self.clone().run());
+    }
+
+    async fn run(self) {
+        let mut pause = std::time::Duration::from_millis(20);
+        for _ in 0..Self::ATTEMPTS {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Self::MAX_PAUSE);
+            let Some(mut conn) = self.connection.get().cloned() else { return };
+            let _serial = self.commands.lock().await;
+            let names: Vec<Vec<u8>> = lock_channels(&self.channels)
+                .iter()
+                .filter(|(_, c)| c.waiters > 0 && c.subscribed)
+                .map(|(name, _)| name.clone())
+                .collect();
+            if names.is_empty() {
+                return;
+            }
+            if conn.subscribe(&names).await.is_ok() {
+                // Hand-overs published before the subscription was back were missed: look again.
+                for channel in lock_channels(&self.channels).values() {
+                    channel.tx.send_replace(Announcement::Retry);
+                }
+                return;
+            }
+        }
+        tracing::warn!("distlock: could not restore release subscriptions after a disconnection; waiters fall back to timed retries");
     }
 }
