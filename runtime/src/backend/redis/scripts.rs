@@ -77,11 +77,20 @@ end
 /// ARGV: token, ttl ms, metadata, register ms (0: do not queue), hand-over lease ms.
 /// {1, fence}: granted now. {2, fence}: handed over to this token by a release since its last busy attempt.
 /// {0, PTTL}: busy (and, with register > 0, queued or refreshed in the queue).
+/// The common case, a free lock nobody waits for, runs first and alone: the helpers are only built after it.
 pub(super) static ACQUIRE: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(concat!(
-        prelude!(),
         r"local v = redis.call('get', KEYS[1])
-if not v and redis.call('exists', KEYS[3]) == 1 then
+if not v and redis.call('exists', KEYS[3]) == 0 then
+  local fence = redis.call('incr', KEYS[2])
+  local t = redis.call('time')
+  local since = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000))
+  redis.call('set', KEYS[1], ARGV[1] .. ':' .. fence .. ':' .. since .. ':' .. ARGV[3], 'px', ARGV[2])
+  return {1, fence}
+end
+",
+        prelude!(),
+        r"if not v then
   local heir = hand_over()
   if heir == ARGV[1] then return {2, fence_of(redis.call('get', KEYS[1]))} end
   if heir then v = redis.call('get', KEYS[1]) end
@@ -108,22 +117,27 @@ return 0",
 });
 
 /// ARGV: token, keep ms (0: free it now). 1 released, 0 expired (no owner), 2 owned by another token.
+/// The common case, the owner freeing a lock nobody waits for, runs first and alone.
 pub(super) static RELEASE: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(concat!(
-        prelude!(),
         r"local v = redis.call('get', KEYS[1])
-if not v then return 0 end
-local owner = string.sub(v, 1, 32)
-if owner ~= ARGV[1] then
-  if owner == NOBODY then return 0 end
+local mine = v and string.sub(v, 1, 32) == ARGV[1]
+if mine and ARGV[2] == '0' then
+  redis.call('del', KEYS[1])
+  if redis.call('exists', KEYS[3]) == 0 then return 1 end
+end
+",
+        prelude!(),
+        r"if not v then return 0 end
+if not mine then
+  if string.sub(v, 1, 32) == NOBODY then return 0 end
   return 2
 end
-if tonumber(ARGV[2]) > 0 then
+if ARGV[2] ~= '0' then
   redis.call('set', KEYS[1], NOBODY .. string.sub(v, 33), 'px', ARGV[2])
   return 1
 end
-redis.call('del', KEYS[1])
-if redis.call('exists', KEYS[3]) == 1 then hand_over() end
+hand_over()
 return 1"
     ))
 });
