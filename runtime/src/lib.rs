@@ -33,14 +33,30 @@
 //! # Ok(()) }
 //! ```
 //!
-//! ## What it guarantees
-//! - The body never runs without the lock: not configured, busy, lost or backend errors all return an error.
-//! - A lease (`ttl`) bounds how long a crashed holder keeps a lock; while the holder lives, a watchdog renews it
-//!   every `ttl / 3`. A lock whose renewal fails until its lease would run out is reported *lost* and, by
-//!   default, the body is dropped.
-//! - Every grant carries a fencing token, strictly increasing per key. A lease cannot protect against a process
-//!   that pauses past it; storage that rejects writes with a lower token than it has seen can.
-//! - Release (on return, error, panic or cancellation) and renewal act only with the grant's own token.
+//! ## Safety model
+//!
+//! On one Redis server (standalone, or a primary):
+//!
+//! - **S1** at most one valid guard per key, while clocks drift less than the drift allowance and the holder
+//!   is not paused past its deadline;
+//! - **S2** release, renew and extend act only with the grant's own 128-bit token, atomically (one script);
+//! - **S3** grant, fencing counter and lease are set by one script; all of a lock's keys share one hash slot;
+//! - **S4** fencing tokens rise strictly per key while the counter survives;
+//! - **S5** the body never runs without a grant: not configured, busy, lost and backend errors are errors;
+//! - **S6** a lease is valid until the monotonic instant taken before its acquire (or successful renewal)
+//!   was sent, plus `ttl`, minus drift (`ttl`·1% + 2 ms); a grant already invalid on arrival is an error;
+//! - **S7** a lost lock stops the body (by default) at its deadline, and a body that outlived its deadline
+//!   returns [`LockError::Lost`];
+//! - **S8** after release, drop, panic, cancellation or loss, no command carries the grant's token again.
+//!
+//! Liveness: a crashed holder's lock frees within `ttl` of its last renewal; release happens on return,
+//! error, panic or cancellation without blocking the runtime; every Redis call has connect and response
+//! timeouts; [`LockRequest::max_hold`] caps renewals; connections recover after resets and restarts;
+//! waiters are served in arrival order, and retries are jittered.
+//!
+//! Not guaranteed: mutual exclusion across process pauses longer than the lease without fencing (pass
+//! [`LockGuard::fencing_token`] to the storage and have it reject older tokens), across failover with
+//! asynchronous replication, or across server restarts without persistence; nor under server clock jumps.
 
 mod acquire;
 mod backend;

@@ -309,3 +309,30 @@ fn check_key(key: &str) -> Result<(), LockError> {
     let shown: String = key.chars().take(64).collect();
     Err(LockError::InvalidKey { key: shown, reason })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::RetryStrategy;
+
+    #[test]
+    fn retry_delays_are_jittered_within_half_to_all_and_capped() {
+        let linear = RetryStrategy::Linear { step: Duration::from_millis(100) };
+        let delays: Vec<Duration> = (0..200).map(|_| linear.delay(1).expect("retries")).collect();
+        assert!(delays.iter().all(|d| *d >= Duration::from_millis(50) && *d < Duration::from_millis(100)));
+        // Jittered: 200 draws from a 50 ms range are not all alike.
+        assert!(delays.iter().any(|d| *d != delays[0]), "no jitter: {delays:?}");
+
+        let exponential =
+            RetryStrategy::Exponential { base: Duration::from_millis(10), max: Duration::from_millis(80) };
+        for (attempt, full) in [(1, 10), (2, 20), (3, 40), (4, 80), (9, 80), (u32::MAX, 80)] {
+            let d = exponential.delay(attempt).expect("retries");
+            assert!(
+                d >= Duration::from_millis(full) / 2 && d < Duration::from_millis(full),
+                "attempt {attempt}: {d:?}"
+            );
+        }
+        assert_eq!(RetryStrategy::None.delay(1), None);
+    }
+}
