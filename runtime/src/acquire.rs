@@ -93,8 +93,12 @@ pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockE
             }
         };
         if let Some(fence) = handed {
-            let lease = handed_over_lease(&request, last_busy, Instant::now());
-            return grant(request, pending, fence, lease, started);
+            // With replica acknowledgement the hand-over is claimed by the next attempt instead, whose write
+            // the replicas must acknowledge.
+            if !backend.waits_for_replicas() {
+                let lease = handed_over_lease(&request, last_busy, Instant::now());
+                return grant(request, pending, fence, lease, started);
+            }
         }
     }
 }
@@ -107,9 +111,23 @@ async fn give_up(
     started: Instant,
 ) -> Result<LockGuard, LockError> {
     if pending.queued {
-        let handed = request.client.inner.backend.withdraw(&pending.keys, &pending.token).await?;
+        let backend = &request.client.inner.backend;
+        let handed = backend.withdraw(&pending.keys, &pending.token).await?;
         pending.queued = false;
-        if let Some(fence) = handed {
+        if let Some(mut fence) = handed {
+            if backend.waits_for_replicas() {
+                // Claimed by one more attempt, whose write the replicas must acknowledge.
+                pending.in_flight = true;
+                let (keys, token) = (&pending.keys, &pending.token);
+                let claim = backend.acquire(keys, token, request.ttl, &request.metadata, None).await?;
+                pending.in_flight = false;
+                match claim {
+                    Attempt::Granted { fence: f } | Attempt::HandedOver { fence: f } => fence = f,
+                    Attempt::Busy { .. } => {
+                        return Err(LockError::NotObtained { key: keys.name.clone(), waited: started.elapsed() })
+                    }
+                }
+            }
             let lease = handed_over_lease(&request, last_busy, Instant::now());
             return grant(request, pending, fence, lease, started);
         }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use once_cell::sync::OnceCell;
 
 use crate::backend::Timeouts;
-use crate::backend::{Backend, ConnectSettings, LockKeys, MemoryBackend, RedisBackend};
+use crate::backend::{Backend, ConnectSettings, LockKeys, MemoryBackend, RedisBackend, ReplicaAcks};
 use crate::renewer::Renewer;
 use crate::{LockError, LockRequest};
 
@@ -152,6 +152,7 @@ pub struct ClientBuilder {
     prefix: String,
     timeouts: Timeouts,
     allow_insecure_tls: bool,
+    replicas: Option<ReplicaAcks>,
 }
 
 #[derive(Debug, Clone)]
@@ -168,6 +169,7 @@ impl Default for ClientBuilder {
             prefix: "distlock:".to_owned(),
             timeouts: Timeouts { connect: Duration::from_secs(2), response: Duration::from_secs(2) },
             allow_insecure_tls: false,
+            replicas: None,
         }
     }
 }
@@ -204,6 +206,25 @@ impl ClientBuilder {
         self
     }
 
+    /// Counts a grant, renewal or extension only once `replicas` replicas have acknowledged it (Redis `WAIT`,
+    /// up to `timeout`), so a failover to one of them keeps the lock. A grant too few acknowledge is given back
+    /// and fails with [`LockError::NotReplicated`]; such a renewal is retried and does not extend the lease.
+    /// Costs a round trip per grant, and `WAIT` holds the shared connection until acknowledged: keep
+    /// `timeout` short. Redis only; `replicas = 0` turns it off.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// use std::time::Duration;
+    /// let builder = distlock::Client::builder()
+    ///     .redis("redis://primary.internal:6379/")
+    ///     .wait_for_replicas(1, Duration::from_millis(50));
+    /// # drop(builder); Ok(()) }
+    /// ```
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replicas = (replicas > 0).then_some(ReplicaAcks { count: replicas, timeout });
+        self
+    }
+
     /// Accepts a `rediss://…/#insecure` URL, which turns off TLS certificate checks. Refused by default:
     /// whoever can intercept the connection could then grant locks. Needs the `tls-insecure` feature.
     pub fn allow_insecure_tls(mut self, allow: bool) -> Self {
@@ -229,6 +250,7 @@ impl ClientBuilder {
                     timeouts: self.timeouts,
                     prefix: &self.prefix,
                     allow_insecure_tls: self.allow_insecure_tls,
+                    replicas: self.replicas,
                 };
                 Backend::Redis(RedisBackend::connect(&url, settings).await?)
             }

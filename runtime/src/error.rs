@@ -48,6 +48,17 @@ pub enum LockError {
     /// The backend (Redis) failed or did not answer in time.
     #[error(transparent)]
     Backend(#[from] BackendError),
+    /// With [`ClientBuilder::wait_for_replicas`](crate::ClientBuilder::wait_for_replicas): fewer replicas than
+    /// required acknowledged the grant in time, so a failover could lose it. It was given back.
+    #[error("lock `{key}` was granted but only {acknowledged} of {required} replicas acknowledged it in time; it was given back. Check the replicas' health and lag, or lower the requirement")]
+    NotReplicated {
+        /// The lock's key, as the caller named it.
+        key: String,
+        /// How many replicas acknowledged.
+        acknowledged: u32,
+        /// How many were required.
+        required: u32,
+    },
     /// A builder or request setting is out of range.
     #[error("invalid distlock configuration: {0}")]
     InvalidConfig(String),

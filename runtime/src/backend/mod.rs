@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use self::memory::MemoryBackend;
-pub(crate) use self::redis::{ConnectSettings, RedisBackend, Timeouts};
+pub(crate) use self::redis::{ConnectSettings, RedisBackend, ReplicaAcks, Timeouts};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 /// The names one lock uses in the backend. All share the hash tag `{<escaped key>}`, so in a cluster they sit
@@ -228,6 +228,11 @@ impl Backend {
     /// Deletes the lock whoever holds it and hands it to the next waiter; true if there was one.
     pub(crate) async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
         dispatch!(self, b => b.force_unlock(keys).await)
+    }
+
+    /// Whether grants must be acknowledged by replicas before they count.
+    pub(crate) fn waits_for_replicas(&self) -> bool {
+        matches!(self, Backend::Redis(b) if b.waits_for_replicas())
     }
 
     /// Starts listening for hand-overs of the lock; resolves once announcements can no longer be missed.

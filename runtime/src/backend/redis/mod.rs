@@ -22,6 +22,14 @@ pub(crate) struct ConnectSettings<'a> {
     pub(crate) timeouts: Timeouts,
     pub(crate) prefix: &'a str,
     pub(crate) allow_insecure_tls: bool,
+    pub(crate) replicas: Option<ReplicaAcks>,
+}
+
+/// Grants and renewals count only once this many replicas have acknowledged them (Redis `WAIT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplicaAcks {
+    pub(crate) count: u32,
+    pub(crate) timeout: Duration,
 }
 
 /// Connection settings shared by the command and subscriber connections.
@@ -36,6 +44,7 @@ pub(crate) struct RedisBackend {
     server: String,
     commands: ConnectionManager,
     subscriber: Subscriber,
+    replicas: Option<ReplicaAcks>,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -77,7 +86,7 @@ impl RedisBackend {
         debug_assert_eq!(pong, "PONG");
         let resp3 = info.clone().set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
         let subscriber = Subscriber::new(resp3, timeouts);
-        let backend = Self { server, commands, subscriber };
+        let backend = Self { server, commands, subscriber, replicas: settings.replicas };
         backend.probe(settings.prefix).await?;
         Ok(backend)
     }
@@ -190,11 +199,42 @@ impl RedisBackend {
             })
             .await?;
         let fence = value.max(0) as u64;
-        Ok(match code {
+        let attempt = match code {
             1 => Attempt::Granted { fence },
             2 => Attempt::HandedOver { fence },
-            _ => Attempt::Busy { remaining: u64::try_from(value).ok().map(Duration::from_millis) },
-        })
+            _ => return Ok(Attempt::Busy { remaining: u64::try_from(value).ok().map(Duration::from_millis) }),
+        };
+        if let Err(e) = self.replicated(keys).await {
+            // Not durable enough to use: give it back (best effort; otherwise it expires).
+            let _ = self.release(keys, token, None).await;
+            return Err(e);
+        }
+        Ok(attempt)
+    }
+
+    /// Whether the writes sent so far on the command connection reached the required replicas (always true
+    /// without `wait_for_replicas`). `WAIT` holds the shared connection until then: keep its timeout short.
+    pub(crate) async fn replicated(&self, keys: &LockKeys) -> Result<(), LockError> {
+        match self.replication_shortfall().await {
+            Ok(None) => Ok(()),
+            Ok(Some((acknowledged, required))) => {
+                Err(LockError::NotReplicated { key: keys.name.clone(), acknowledged, required })
+            }
+            Err(e) => Err(self.error(keys, e)),
+        }
+    }
+
+    /// `None` when enough replicas acknowledged (or none are required), else (acknowledged, required).
+    async fn replication_shortfall(&self) -> redis::RedisResult<Option<(u32, u32)>> {
+        let Some(ReplicaAcks { count, timeout }) = self.replicas else { return Ok(None) };
+        let mut conn = self.commands.clone();
+        let acknowledged: u32 =
+            redis::cmd("WAIT").arg(count).arg(millis(timeout).max(1)).query_async(&mut conn).await?;
+        Ok((acknowledged < count).then_some((acknowledged, count)))
+    }
+
+    pub(crate) fn waits_for_replicas(&self) -> bool {
+        self.replicas.is_some()
     }
 
     pub(crate) async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<u64>, LockError> {
@@ -212,6 +252,9 @@ impl RedisBackend {
                 c.arg(1).arg(&keys.record).arg(token.as_str()).arg(millis(ttl));
             })
             .await?;
+        if renewed == 1 {
+            self.replicated(keys).await?;
+        }
         Ok(renewed == 1)
     }
 
@@ -233,10 +276,20 @@ impl RedisBackend {
         if replies.iter().any(|r| r.as_ref().is_err_and(is_noscript)) {
             replies = pipeline(true).query_async(&mut conn).await.map_err(failed)?;
         }
+        // One WAIT covers the whole batch: a renewal the replicas did not get does not count (it is retried).
+        let shortfall = self.replication_shortfall().await;
         Ok(replies
             .into_iter()
             .zip(items)
-            .map(|(reply, item)| reply.map(|renewed| renewed == 1).map_err(|e| self.error(item.keys, e)))
+            .map(|(reply, item)| match (reply, &shortfall) {
+                (Ok(1), Ok(Some((acknowledged, required)))) => Err(LockError::NotReplicated {
+                    key: item.keys.name.clone(),
+                    acknowledged: *acknowledged,
+                    required: *required,
+                }),
+                (Ok(1), Err(e)) => Err(self.error(item.keys, e.clone())),
+                (reply, _) => reply.map(|renewed| renewed == 1).map_err(|e| self.error(item.keys, e)),
+            })
             .collect())
     }
 

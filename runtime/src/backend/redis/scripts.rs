@@ -75,7 +75,8 @@ end
 }
 
 /// ARGV: token, ttl ms, metadata, register ms (0: do not queue), hand-over lease ms.
-/// {1, fence}: granted now. {2, fence}: handed over to this token by a release since its last busy attempt.
+/// {1, fence}: granted now. {2, fence}: handed over to this token by a release since its last busy attempt
+/// (claiming it sets the full ttl).
 /// {0, PTTL}: busy (and, with register > 0, queued or refreshed in the queue).
 /// The common case, a free lock nobody waits for, runs first and alone: the helpers are only built after it.
 pub(super) static ACQUIRE: Lazy<LuaScript> = Lazy::new(|| {
@@ -96,7 +97,10 @@ end
   if heir then v = redis.call('get', KEYS[1]) end
 end
 if v then
-  if string.sub(v, 1, 32) == ARGV[1] then return {2, fence_of(v)} end
+  if string.sub(v, 1, 32) == ARGV[1] then
+    redis.call('pexpire', KEYS[1], ARGV[2])
+    return {2, fence_of(v)}
+  end
   local register = tonumber(ARGV[4])
   if register > 0 then enqueue(ARGV[1], register, ARGV[5], ARGV[3]) end
   return {0, redis.call('pttl', KEYS[1])}
