@@ -51,7 +51,6 @@ pub struct ProxyStats {
 /// every connection.
 pub struct FaultProxy {
     addr: SocketAddr,
-    upstream: SocketAddr,
     shared: Arc<Shared>,
     acceptor: JoinHandle<()>,
 }
@@ -59,6 +58,8 @@ pub struct FaultProxy {
 struct Shared {
     /// The fault given to connections accepted from now on; the acceptor watches it for `Refuse`.
     default: watch::Sender<Fault>,
+    /// Where connections accepted from now on are forwarded (switched to simulate a failover).
+    upstream: watch::Sender<SocketAddr>,
     conns: Mutex<Vec<Weak<ConnCtl>>>,
     accepted: AtomicU64,
     reset: AtomicU64,
@@ -92,13 +93,14 @@ impl FaultProxy {
         let addr = listener.local_addr().expect("proxy address");
         let shared = Arc::new(Shared {
             default: watch::Sender::new(Fault::Pass),
+            upstream: watch::Sender::new(upstream),
             conns: Mutex::new(Vec::new()),
             accepted: AtomicU64::new(0),
             reset: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
         });
-        let acceptor = tokio::spawn(accept_loop(listener, addr, upstream, Arc::clone(&shared)));
-        Self { addr, upstream, shared, acceptor }
+        let acceptor = tokio::spawn(accept_loop(listener, addr, Arc::clone(&shared)));
+        Self { addr, shared, acceptor }
     }
 
     /// A proxy in front of `redis://127.0.0.1:<port>/`.
@@ -116,9 +118,15 @@ impl FaultProxy {
         self.addr
     }
 
-    /// Where the proxy forwards to.
+    /// Where the proxy forwards new connections to.
     pub fn upstream(&self) -> SocketAddr {
-        self.upstream
+        *self.shared.upstream.borrow()
+    }
+
+    /// Forwards new connections to `upstream` from now on (live ones keep theirs: reset them to move them),
+    /// as a failover moves a service address to the promoted replica.
+    pub fn set_upstream(&self, upstream: SocketAddr) {
+        self.shared.upstream.send_replace(upstream);
     }
 
     /// Switches every live connection, and every later one, to `fault`.
@@ -172,7 +180,7 @@ impl std::fmt::Debug for FaultProxy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FaultProxy")
             .field("addr", &self.addr)
-            .field("upstream", &self.upstream)
+            .field("upstream", &self.upstream())
             .field("fault", &self.fault())
             .field("stats", &self.stats())
             .finish()
@@ -203,7 +211,7 @@ async fn bind(addr: SocketAddr) -> TcpListener {
     panic!("fault proxy cannot listen on {addr}: {last:?}")
 }
 
-async fn accept_loop(mut listener: TcpListener, addr: SocketAddr, upstream: SocketAddr, shared: Arc<Shared>) {
+async fn accept_loop(mut listener: TcpListener, addr: SocketAddr, shared: Arc<Shared>) {
     let mut default = shared.default.subscribe();
     loop {
         if *default.borrow_and_update() == Fault::Refuse {
@@ -223,6 +231,7 @@ async fn accept_loop(mut listener: TcpListener, addr: SocketAddr, upstream: Sock
                 let fault = *default.borrow();
                 let ctl = Arc::new(ConnCtl { fault: watch::Sender::new(fault), kill: watch::Sender::new(false) });
                 shared.conns.lock().unwrap_or_else(PoisonError::into_inner).push(Arc::downgrade(&ctl));
+                let upstream = *shared.upstream.borrow();
                 tokio::spawn(serve(client, upstream, ctl, Arc::clone(&shared)));
             }
             changed = default.changed() => if changed.is_err() { return },

@@ -14,7 +14,13 @@ async fn primary_with_replica() -> (RedisServer, RedisServer) {
     let primary = RedisServer::new();
     let port = primary.port().to_string();
     let replica = RedisServer::with_args(["--replicaof", "127.0.0.1", port.as_str()]);
-    let mut conn = replica.connection().await;
+    link_up(&replica).await;
+    (primary, replica)
+}
+
+/// Waits until `replica`'s replication link to its primary is up.
+async fn link_up(replica: &RedisServer) {
+    let conn = replica.connection().await;
     eventually(Duration::from_secs(10), "replication link up", || {
         let mut conn = conn.clone();
         async move {
@@ -23,8 +29,6 @@ async fn primary_with_replica() -> (RedisServer, RedisServer) {
         }
     })
     .await;
-    let _: () = redis::cmd("PING").query_async(&mut conn).await.expect("replica answers");
-    (primary, replica)
 }
 
 async fn acknowledged_client(primary: &RedisServer) -> Result<Client, LockError> {
@@ -69,4 +73,45 @@ async fn a_grant_the_replica_did_not_acknowledge_is_given_back() {
     // Without the requirement, the same lock is granted at once: the difference is the setting.
     let guard = plain.lock("unreplicated").acquire().await.expect("granted without acknowledgement");
     guard.release().await.expect("release");
+}
+
+/// Failover with replica acknowledgement (L5): the primary dies, its replica is promoted and the service
+/// address (a proxy here) moves to it. The holder keeps its lock without restarting — its renewals reach the
+/// new primary, which has the record — and nobody else can take it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_to_an_acknowledging_replica_keeps_the_lock() {
+    let (mut primary, replica) = primary_with_replica().await;
+    let address = distlock_tests::proxy::FaultProxy::to_port(primary.port()).await;
+    let connect = || {
+        Client::builder()
+            .redis(address.url())
+            .wait_for_replicas(1, ACK_TIMEOUT)
+            .response_timeout(Duration::from_millis(500))
+            .build()
+    };
+    let holder_client = connect().await.expect("holder's client");
+    // The replica has a replica of its own (chained), so once promoted it can acknowledge at once, as in a
+    // deployment that keeps a standby; without one, no renewal could be acknowledged after the failover and
+    // the holder would rightly lose the lock at its deadline.
+    let port = replica.port().to_string();
+    let second = RedisServer::with_args(["--replicaof", "127.0.0.1", port.as_str()]);
+    link_up(&second).await;
+    let ttl = Duration::from_secs(3);
+    let guard = holder_client.lock("failover").ttl(ttl).acquire().await.expect("granted and acknowledged");
+
+    // Failover: the primary dies, the replica becomes the primary, the address moves to it.
+    primary.kill();
+    let mut promoted = replica.connection().await;
+    let _: () = redis::cmd("REPLICAOF").arg("NO").arg("ONE").query_async(&mut promoted).await.expect("promote");
+    address.set_upstream(std::net::SocketAddr::from(([127, 0, 0, 1], replica.port())));
+    address.reset_all();
+
+    // Two whole leases on the new primary: only acknowledged renewals could have kept it.
+    let lost = tokio::time::timeout(ttl * 2, guard.lost()).await;
+    assert!(lost.is_err(), "the holder lost its lock after the failover");
+    let pttl: i64 = promoted.pttl(holder_client.record_key("failover")).await.expect("PTTL");
+    assert!(pttl > 0, "the record is not on the new primary");
+    let rival = Client::builder().redis(replica.url()).build().await.expect("a client of the new primary");
+    assert!(rival.lock("failover").try_acquire().await.expect("try").is_none(), "the lock was taken after failover");
+    assert_eq!(guard.release().await.expect("release"), distlock::ReleaseOutcome::Released);
 }
