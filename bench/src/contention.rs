@@ -45,7 +45,7 @@ impl Waiter {
     pub fn label(self) -> &'static str {
         match self {
             Waiter::RawPoll => "raw SET NX PX, polled every 1 ms",
-            Waiter::Distlock => "distlock `.wait(..)` (release notification)",
+            Waiter::Distlock => "distlock `.wait(..)` (queued, handed over on release)",
             Waiter::Rslock => "rslock 0.10 `acquire` (own retry)",
         }
     }
