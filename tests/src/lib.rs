@@ -16,6 +16,50 @@ pub mod store;
 pub mod sys;
 
 pub use fixture::{eventually, within, Backend, Counter, Fixture};
+
+/// Short names for the durations tests are full of.
+pub mod time {
+    use std::time::Duration;
+
+    /// `n` milliseconds.
+    pub const fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// `n` seconds.
+    pub const fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    /// The engine's drift allowance (README, S6): ttl·1% + 2 ms.
+    pub fn drift(ttl: Duration) -> Duration {
+        ttl / 100 + ms(2)
+    }
+}
+
+/// Runs each named `async fn(Fixture)` as two tests, `with_redis::NAME` on a private redis-server and
+/// `with_memory::NAME` on the in-process backend, so one behaviour suite covers both.
+#[macro_export]
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod with_redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::Fixture::redis().await).await
+                }
+            )*
+        }
+        mod with_memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::Fixture::memory().await).await
+                }
+            )*
+        }
+    };
+}
 pub use server::{free_port, RedisServer, INSTALL_HINT};
 
 /// Serializes the timing-sensitive tests of one test binary: hold the guard for the whole test. Tests of

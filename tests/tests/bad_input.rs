@@ -10,17 +10,10 @@ use std::time::Duration;
 use distlock::__private::KeyBuf;
 use distlock::{distributed_lock, with_client, Client, LockError, ReleaseOutcome, RetryStrategy};
 use distlock_tests::monitor::Monitor;
+use distlock_tests::time::{ms, secs};
 use distlock_tests::{free_port, within, Fixture, RedisServer};
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
-
-const fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-const fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
 
 /// Every key on the server, sorted.
 async fn all_keys(conn: &mut MultiplexedConnection) -> BTreeSet<String> {

@@ -10,42 +10,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use distlock::{Client, LockError, OnLost, ReleaseOutcome, RetryStrategy};
+use distlock_tests::time::{ms, secs};
 use distlock_tests::{free_port, within, Backend, Fixture};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
-const fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+// Each named scenario runs once per backend.
 
-const fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-/// Runs each named scenario once per backend.
-macro_rules! suite {
-    ($($name:ident),* $(,)?) => {
-        mod with_redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(distlock_tests::Fixture::redis().await).await
-                }
-            )*
-        }
-        mod with_memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(distlock_tests::Fixture::memory().await).await
-                }
-            )*
-        }
-    };
-}
-
-suite!(
+distlock_tests::both_backends!(
     mutual_exclusion_loses_no_update,
     vanished_holder_cannot_release_next_holders_lock,
     wait_bounds_waiting,

@@ -12,21 +12,9 @@ use std::time::Duration;
 use distlock::{Client, LockError};
 use distlock_tests::checker::SafetyCheck;
 use distlock_tests::monitor::{tokens_in, Monitor};
+use distlock_tests::time::{drift, ms, secs};
 use distlock_tests::{serial, within, Fixture, RedisServer};
 use tokio::time::Instant;
-
-const fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-const fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-/// The engine's drift allowance (README, S6): ttl·1% + 2 ms.
-fn drift(ttl: Duration) -> Duration {
-    ttl / 100 + ms(2)
-}
 
 fn blocking_connection(server: &RedisServer) -> redis::Connection {
     redis::Client::open(server.url()).unwrap().get_connection_with_timeout(secs(5)).expect("blocking connection")

@@ -7,17 +7,10 @@ use std::time::Duration;
 use distlock::{Client, LockError, ReleaseOutcome, RetryStrategy};
 use distlock_tests::events::{EventLog, Kind};
 use distlock_tests::proxy::{Fault, FaultProxy};
+use distlock_tests::time::{ms, secs};
 use distlock_tests::{raw_connection, serial, within, Fixture, RedisServer};
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
-
-const fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-const fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
 
 /// Scheduling slack on a loaded 2-core machine, on top of every bound below.
 const SLACK: Duration = Duration::from_millis(250);

@@ -11,18 +11,11 @@ use distlock_tests::agent::Agent;
 use distlock_tests::events::Witness;
 use distlock_tests::monitor::Monitor;
 use distlock_tests::store::{Store, Write};
+use distlock_tests::time::{ms, secs};
 use distlock_tests::{serial, Fixture};
 use tokio::time::Instant;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hold_lock");
-
-const fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-const fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
 
 fn args(url: &str, key: &str, ttl: Duration, rest: &[&str]) -> Vec<String> {
     let mut v = vec![url.to_owned(), key.to_owned(), ttl.as_millis().to_string()];

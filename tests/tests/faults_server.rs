@@ -11,22 +11,10 @@ use distlock_tests::logs;
 use distlock_tests::monitor::Monitor;
 use distlock_tests::proxy::{Fault, FaultProxy};
 use distlock_tests::sys::Stopped;
+use distlock_tests::time::{drift, ms, secs};
 use distlock_tests::{raw_connection, serial, within, Fixture, RedisServer};
 use tokio::time::Instant;
 use tracing::Level;
-
-const fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-const fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-/// The engine's drift allowance (README, S6): ttl·1% + 2 ms.
-fn drift(ttl: Duration) -> Duration {
-    ttl / 100 + ms(2)
-}
 
 /// Scheduling slack on a loaded 2-core machine, on top of every bound below.
 const SLACK: Duration = Duration::from_millis(250);

@@ -8,28 +8,7 @@ use distlock::{Client, LockError, RetryStrategy};
 use distlock_tests::{eventually, within, Fixture};
 use tokio::time::Instant;
 
-macro_rules! suite {
-    ($($name:ident),* $(,)?) => {
-        mod with_redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(distlock_tests::Fixture::redis().await).await
-                }
-            )*
-        }
-        mod with_memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(distlock_tests::Fixture::memory().await).await
-                }
-            )*
-        }
-    };
-}
-
-suite!(
+distlock_tests::both_backends!(
     waiters_are_served_in_arrival_order,
     release_serves_the_next_waiter_promptly,
     waiter_that_gives_up_leaves_the_queue,
