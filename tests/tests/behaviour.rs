@@ -651,11 +651,16 @@ async fn spawn_holder(fx: &Fixture, key: &str, ttl: Duration, mode: &str) -> (to
         .kill_on_drop(true)
         .spawn()
         .expect("spawn hold_lock");
-    let stdout = child.stdout.take().expect("piped stdout");
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
     let mut line = String::new();
-    within(secs(20), "hold_lock's ACQUIRED line", BufReader::new(stdout).read_line(&mut line))
-        .await
-        .expect("read hold_lock's stdout");
+    within(secs(20), "hold_lock's ACQUIRED line", stdout.read_line(&mut line)).await.expect("read hold_lock's stdout");
+    // Keep reading: a closed pipe would make the child's next report fail and end it while it should hold.
+    tokio::spawn(async move {
+        let mut rest = String::new();
+        while stdout.read_line(&mut rest).await.is_ok_and(|n| n > 0) {
+            rest.clear();
+        }
+    });
     let token = line
         .trim()
         .strip_prefix("ACQUIRED ")
