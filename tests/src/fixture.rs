@@ -179,3 +179,15 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Whether someone outside any lock body (a freshly spawned task) fails to take `key` at once.
+/// If it does get the lock, that is a test failure anyway, so the guard is just dropped.
+pub async fn busy_for_outsiders(client: &Client, key: &str) -> bool {
+    let client = client.clone();
+    let key = key.to_owned();
+    tokio::spawn(async move { client.lock(key).try_acquire().await })
+        .await
+        .expect("outsider task")
+        .expect("outsider try_acquire")
+        .is_none()
+}

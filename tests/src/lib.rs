@@ -15,7 +15,7 @@ mod server;
 pub mod store;
 pub mod sys;
 
-pub use fixture::{eventually, within, Backend, Counter, Fixture};
+pub use fixture::{busy_for_outsiders, eventually, within, Backend, Counter, Fixture};
 
 /// Short names for the durations tests are full of.
 pub mod time {
