@@ -81,8 +81,7 @@ end
 /// The common case, a free lock nobody waits for, runs first and alone: the helpers are only built after it.
 pub(super) static ACQUIRE: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(concat!(
-        r"local v = redis.call('get', KEYS[1])
-if not v and redis.call('exists', KEYS[3]) == 0 then
+        r"if redis.call('exists', KEYS[1], KEYS[3]) == 0 then
   local fence = redis.call('incr', KEYS[2])
   local t = redis.call('time')
   local since = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000))
@@ -91,7 +90,8 @@ if not v and redis.call('exists', KEYS[3]) == 0 then
 end
 ",
         prelude!(),
-        r"if not v then
+        r"local v = redis.call('get', KEYS[1])
+if not v then
   local heir = hand_over()
   if heir == ARGV[1] then return {2, fence_of(redis.call('get', KEYS[1]))} end
   if heir then v = redis.call('get', KEYS[1]) end
