@@ -110,6 +110,23 @@ impl ServerCounters {
             .sum()
     }
 
+    /// Prints (to stderr) each command's calls and server time per cycle since `earlier`, for profiling.
+    pub fn print_per_cycle(&self, earlier: &Self, what: &str, cycles: u64) {
+        let cycles = cycles.max(1) as f64;
+        let mut names: Vec<&String> = self.calls.keys().filter(|n| self.delta(earlier, n) > 0).collect();
+        names.sort();
+        eprintln!("    server commands per cycle, {what}:");
+        for name in names {
+            let usec =
+                self.usec.get(name).copied().unwrap_or(0).saturating_sub(earlier.usec.get(name).copied().unwrap_or(0));
+            eprintln!(
+                "      {name:<12} {:>6.2} calls {:>7.2} µs",
+                self.delta(earlier, name) as f64 / cycles,
+                usec as f64 / cycles
+            );
+        }
+    }
+
     /// Calls of `name` since `earlier`.
     pub fn delta(&self, earlier: &Self, name: &str) -> u64 {
         self.calls.get(name).copied().unwrap_or(0).saturating_sub(earlier.calls.get(name).copied().unwrap_or(0))

@@ -141,13 +141,16 @@ async fn timed_window(
     let cpu = cpu_now().saturating_sub(cpu0);
     let srv = process_cpu(server_pid).saturating_sub(srv0);
     let stats1 = ServerCounters::read(info).await.ok();
+    let cycles: u64 = outcomes.iter().map(|o| o.cycles).sum();
+    if let (Some(a), Some(b), true) = (&stats0, &stats1, std::env::var_os("BENCH_DEBUG").is_some()) {
+        b.print_per_cycle(a, &format!("{variant}, {tasks} task(s)"), cycles);
+    }
     let cmd_usec = match (stats0, stats1) {
         (Some(a), Some(b)) => b.usec_delta(&a) as f64,
         _ => f64::NAN,
     };
     let finished = outcomes.iter().map(|o| o.finished).max().unwrap_or(started);
     let elapsed = finished.duration_since(started).as_secs_f64();
-    let cycles: u64 = outcomes.iter().map(|o| o.cycles).sum();
     let mut samples: Vec<u32> = Vec::with_capacity(outcomes.iter().map(|o| o.samples.len()).sum());
     let (mut errors, mut first_error) = (0, None);
     for o in &outcomes {

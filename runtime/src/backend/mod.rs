@@ -43,12 +43,10 @@ impl LockKeys {
     }
 }
 
-/// The suffixes of a lock's derived names (the scripts use `CHANNEL` literally): `QUEUE` holds waiter tokens
-/// in arrival order, `WAITERS` each waiter's registration expiry, hand-over lease and metadata.
+/// The suffixes of the lock's derived names the client uses itself. The Redis scripts name these and the
+/// wait queue's keys after the record on their own (a unit test checks they agree).
 pub(crate) const FENCE: &str = ":fence";
 pub(crate) const CHANNEL: &str = ":released";
-pub(crate) const QUEUE: &str = ":queue";
-pub(crate) const WAITERS: &str = ":waiters";
 
 /// Percent-encodes `%`, `{` and `}`: the escaped text holds no brace, so it cannot close the hash tag, and the
 /// encoding is injective, so two keys never share a record.

@@ -6,13 +6,15 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, FromRedisValue, IntoConnectionInfo, ProtocolVersion};
 
-use super::{Attempt, LockKeys, Queueing, ReleaseWatch, Renewal, FENCE, QUEUE, WAITERS};
+use super::{Attempt, LockKeys, Queueing, ReleaseWatch, Renewal};
 use crate::error::{redact_url, BackendError};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
-use self::scripts::{LuaScript, ACQUIRE, FORCE_UNLOCK, INFO, RELEASE, REMAINING, RENEW, WITHDRAW};
+use self::batch::{Coalescer, Op};
+use self::scripts::{LuaScript, FORCE_UNLOCK, INFO, REMAINING, RENEW, WITHDRAW};
 use self::subscriber::Subscriber;
 
+mod batch;
 mod scripts;
 mod subscriber;
 
@@ -43,6 +45,8 @@ pub(crate) struct RedisBackend {
     /// The URL with any password replaced, for messages.
     server: String,
     commands: ConnectionManager,
+    /// Acquires and releases, which share script calls under load.
+    hot: std::sync::Arc<Coalescer>,
     subscriber: Subscriber,
     replicas: Option<ReplicaAcks>,
 }
@@ -86,7 +90,8 @@ impl RedisBackend {
         debug_assert_eq!(pong, "PONG");
         let resp3 = info.clone().set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
         let subscriber = Subscriber::new(resp3, timeouts);
-        let backend = Self { server, commands, subscriber, replicas: settings.replicas };
+        let hot = Coalescer::new(commands.clone());
+        let backend = Self { server, commands, hot, subscriber, replicas: settings.replicas };
         backend.probe(settings.prefix).await?;
         Ok(backend)
     }
@@ -117,7 +122,7 @@ impl RedisBackend {
         }
         self.probe_lock_cycle(prefix).await?;
         // Cached now, so the first burst of renewals after a restart of this process needs no EVAL fallback.
-        for script in [&*RENEW, &*REMAINING, &*INFO, &*FORCE_UNLOCK] {
+        for script in [&*RENEW, &*REMAINING, &*INFO, &*FORCE_UNLOCK, &*scripts::BATCH] {
             let _: redis::RedisResult<String> =
                 redis::cmd("SCRIPT").arg("LOAD").arg(script.source).query_async(&mut conn).await;
         }
@@ -146,10 +151,15 @@ impl RedisBackend {
     }
 
     fn error(&self, keys: &LockKeys, e: redis::RedisError) -> LockError {
+        if matches!(e.kind(), redis::ErrorKind::Server(redis::ServerErrorKind::Moved)) {
+            return LockError::InvalidConfig(format!(
+                "{} answered MOVED for lock `{}`: it is a Redis Cluster node; point the client at a standalone Redis",
+                self.server, keys.name
+            ));
+        }
         BackendError::new(&self.server, Some(&keys.name), e).into()
     }
 
-    /// EVALSHA, falling back to EVAL when the server lost its script cache.
     /// EVALSHA, falling back to EVAL when the server lost its script cache, and sent once more at once when
     /// the connection had dropped (the manager reconnects on the failed call). Every script is keyed by the
     /// grant's token, so a repeat is safe: a repeated acquire finds its own grant.
@@ -167,21 +177,13 @@ impl RedisBackend {
         if reply.as_ref().is_err_and(redis::RedisError::is_connection_dropped) {
             reply = cmd.query_async(&mut conn).await;
         }
-        match reply {
-            Err(e) if is_noscript(&e) => {
-                let mut cmd = redis::cmd("EVAL");
-                cmd.arg(script.source);
-                build(&mut cmd);
-                cmd.query_async(&mut conn).await.map_err(|e| self.error(keys, e))
-            }
-            Err(e) if matches!(e.kind(), redis::ErrorKind::Server(redis::ServerErrorKind::Moved)) => {
-                Err(LockError::InvalidConfig(format!(
-                    "{} answered MOVED for lock `{}`: it is a Redis Cluster node; point the client at a standalone Redis",
-                    self.server, keys.name
-                )))
-            }
-            other => other.map_err(|e| self.error(keys, e)),
+        if reply.as_ref().is_err_and(is_noscript) {
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(script.source);
+            build(&mut cmd);
+            reply = cmd.query_async(&mut conn).await;
         }
+        reply.map_err(|e| self.error(keys, e))
     }
 
     pub(crate) async fn acquire(
@@ -193,11 +195,15 @@ impl RedisBackend {
         queueing: Option<Queueing>,
     ) -> Result<Attempt, LockError> {
         let (register, lease) = queueing.map_or((0, 0), |q| (millis(q.register), millis(q.lease)));
-        let (code, value): (i64, i64) = self
-            .eval(&ACQUIRE, keys, |c| {
-                all_keys(c, keys).arg(token.as_str()).arg(millis(ttl)).arg(metadata).arg(register).arg(lease);
-            })
-            .await?;
+        let op = Op::Acquire {
+            record: keys.record.clone(),
+            token: token.clone(),
+            ttl_ms: millis(ttl),
+            metadata: metadata.to_owned(),
+            register_ms: register,
+            lease_ms: lease,
+        };
+        let (code, value) = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
         let fence = value.max(0) as u64;
         let attempt = match code {
             1 => Attempt::Granted { fence },
@@ -240,7 +246,7 @@ impl RedisBackend {
     pub(crate) async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<u64>, LockError> {
         let fence: i64 = self
             .eval(&WITHDRAW, keys, |c| {
-                all_keys(c, keys).arg(token.as_str());
+                c.arg(1).arg(&keys.record).arg(token.as_str());
             })
             .await?;
         Ok(u64::try_from(fence).ok())
@@ -301,11 +307,8 @@ impl RedisBackend {
     ) -> Result<ReleaseOutcome, LockError> {
         // A keep that rounds to 0 ms would mean "delete": keep at least 1 ms.
         let keep_ms = keep.map_or(0, |k| millis(k).max(1));
-        let outcome: i64 = self
-            .eval(&RELEASE, keys, |c| {
-                all_keys(c, keys).arg(token.as_str()).arg(keep_ms);
-            })
-            .await?;
+        let op = Op::Release { record: keys.record.clone(), token: token.clone(), keep_ms };
+        let (outcome, _) = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
         Ok(match outcome {
             1 => ReleaseOutcome::Released,
             2 => ReleaseOutcome::TakenByOther,
@@ -330,7 +333,7 @@ impl RedisBackend {
     pub(crate) async fn info(&self, keys: &LockKeys) -> Result<Option<LockInfo>, LockError> {
         let info: Option<(String, u64, i64, usize)> = self
             .eval(&INFO, keys, |c| {
-                all_keys(c, keys);
+                c.arg(1).arg(&keys.record);
             })
             .await?;
         Ok(info.map(|(metadata, fencing_token, pttl, waiting)| LockInfo {
@@ -344,7 +347,7 @@ impl RedisBackend {
     pub(crate) async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
         let deleted: i64 = self
             .eval(&FORCE_UNLOCK, keys, |c| {
-                all_keys(c, keys);
+                c.arg(1).arg(&keys.record);
             })
             .await?;
         Ok(deleted == 1)
@@ -357,25 +360,6 @@ impl RedisBackend {
 
 fn is_noscript(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-}
-
-/// The four KEYS of the scripts that may queue or hand over: record, fence, queue, waiters.
-fn all_keys<'c>(cmd: &'c mut Cmd, keys: &LockKeys) -> &'c mut Cmd {
-    let record = keys.record.as_str();
-    cmd.arg(4).arg(record).arg(Suffixed(record, FENCE)).arg(Suffixed(record, QUEUE)).arg(Suffixed(record, WAITERS))
-}
-
-/// `<record><suffix>`, written straight into the command: the derived key names cost no allocation.
-struct Suffixed<'a>(&'a str, &'static str);
-
-impl redis::ToRedisArgs for Suffixed<'_> {
-    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        use std::io::Write as _;
-        let mut arg = out.writer_for_next_arg();
-        // Writing into the command's own buffer cannot fail.
-        let _ = arg.write_all(self.0.as_bytes());
-        let _ = arg.write_all(self.1.as_bytes());
-    }
 }
 
 fn millis(d: Duration) -> u64 {

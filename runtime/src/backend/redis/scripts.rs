@@ -1,12 +1,15 @@
 //! The Lua scripts: each operation is one script call, so one round trip, with keys and values only in
-//! KEYS and ARGV.
+//! KEYS and ARGV. Under load, concurrent acquires and releases share one call ([`BATCH`]).
 //!
-//! Every script gets the same KEYS: the record, the fencing counter, the wait queue (a sorted set of waiter
-//! tokens in arrival order) and the waiters' details (a hash: token → `<expires ms>:<lease ms>:<metadata>`).
-//! All four share the lock's hash tag.
+//! KEYS[1] is always the lock's record. Its other keys are named after it, so they share its hash tag (and
+//! cluster slot): `:fence` the fencing counter, `:queue` the wait queue (a sorted set of waiter tokens in
+//! arrival order), `:waiters` their details (a hash: token → `<expires ms>:<lease ms>:<metadata>`) and
+//! `:released` the channel hand-overs are published on. Passing one key instead of four is a third of an
+//! acquire's cost in Redis.
 //!
-//! The record is one string, `<token>:<fence>:<acquired at, server ms>:<metadata>`: cheaper for Redis than a
-//! hash, and the 32-character token at its start is all that renew and release compare. While
+//! The record is one string, `<token><mark><fence>:<metadata>`: cheaper for Redis than a hash, and the
+//! 32-character token at its start is all that renew and release compare. The mark is `:`, or `+` once a
+//! waiter may have queued behind this holder: only then does a release look at the queue. While
 //! `hold_at_least` keeps a released lock, the token is replaced by dashes, which no hex token can equal.
 //!
 //! A release (or an expiry noticed by an acquire) hands the lock straight to the longest-waiting live waiter
@@ -28,86 +31,152 @@ impl LuaScript {
     }
 }
 
-/// Helpers every script may use: the server clock in ms, the fence of a record, queueing a waiter, and
-/// handing a free lock to the longest live waiter.
-macro_rules! prelude {
+/// The helpers and the two hot operations, shared by every script that queues or hands over.
+///
+/// `acquire(R, token, ttl ms, metadata, register ms (0: do not queue), hand-over lease ms)` → code, value.
+/// 1, fence: granted now. 2, fence: handed over to this token by a release since its last busy attempt
+/// (claiming it sets the full ttl). 0, PTTL: busy (and, with register > 0, queued or refreshed in the queue).
+/// The common case, a free lock nobody waits for, comes first: EXISTS, INCR, SET.
+///
+/// `release(R, token, keep ms (0: free it now))` → 1 released, 0 expired (no owner), 2 owned by another
+/// token. Freeing hands the lock to the next live waiter, if the record's mark says one may be queued.
+macro_rules! functions {
     () => {
-        r"local NOBODY = string.rep('-', 32)
-local function now_ms()
+        r"local function now_ms()
   local t = redis.call('time')
   return t[1] * 1000 + math.floor(t[2] / 1000)
 end
 local function fence_of(v)
-  return tonumber(string.match(v, '^[^:]*:(%d+):'))
+  return tonumber(string.match(v, '^(%d+)', 34))
 end
-local function enqueue(token, register, lease, meta)
+local function enqueue(R, v, token, register, lease, meta)
+  local Q, W = R .. ':queue', R .. ':waiters'
+  if string.byte(v, 33) ~= 43 then
+    redis.call('set', R, string.sub(v, 1, 32) .. '+' .. string.sub(v, 34), 'keepttl')
+  end
   local t = redis.call('time')
-  if not redis.call('zscore', KEYS[3], token) then
-    redis.call('zadd', KEYS[3], t[1] * 1000000 + t[2], token)
+  if not redis.call('zscore', Q, token) then
+    redis.call('zadd', Q, t[1] * 1000000 + t[2], token)
   end
   local expires = t[1] * 1000 + math.floor(t[2] / 1000) + register
-  redis.call('hset', KEYS[4], token, string.format('%d', expires) .. ':' .. lease .. ':' .. meta)
-  for i = 3, 4 do
-    if redis.call('pttl', KEYS[i]) < register then redis.call('pexpire', KEYS[i], register) end
+  redis.call('hset', W, token, string.format('%d', expires) .. ':' .. lease .. ':' .. meta)
+  for _, k in ipairs({Q, W}) do
+    if redis.call('pttl', k) < register then redis.call('pexpire', k, register) end
   end
 end
-local function hand_over()
+local function hand_over(R)
+  local Q, W = R .. ':queue', R .. ':waiters'
   local now = now_ms()
   while true do
-    local heir = redis.call('zrange', KEYS[3], 0, 0)[1]
+    local heir = redis.call('zrange', Q, 0, 0)[1]
     if not heir then return nil end
-    redis.call('zrem', KEYS[3], heir)
-    local w = redis.call('hget', KEYS[4], heir)
-    redis.call('hdel', KEYS[4], heir)
+    redis.call('zrem', Q, heir)
+    local w = redis.call('hget', W, heir)
+    redis.call('hdel', W, heir)
     if w then
       local expires, lease, meta = string.match(w, '^(%d+):(%d+):(.*)$')
       if tonumber(expires) > now then
-        local fence = redis.call('incr', KEYS[2])
-        redis.call('set', KEYS[1], heir .. ':' .. fence .. ':' .. string.format('%d', now) .. ':' .. meta, 'px', lease)
-        redis.call('publish', KEYS[1] .. ':released', heir .. ':' .. fence)
+        local fence = redis.call('incr', R .. ':fence')
+        redis.call('set', R, heir .. '+' .. fence .. ':' .. meta, 'px', lease)
+        redis.call('publish', R .. ':released', heir .. ':' .. fence)
         return heir
       end
     end
   end
 end
+local function acquire(R, token, ttl, meta, register, lease)
+  if redis.call('exists', R, R .. ':queue') == 0 then
+    local fence = redis.call('incr', R .. ':fence')
+    redis.call('set', R, token .. ':' .. fence .. ':' .. meta, 'px', ttl)
+    return 1, fence
+  end
+  local v = redis.call('get', R)
+  if not v then
+    local heir = hand_over(R)
+    if heir == token then return 2, fence_of(redis.call('get', R)) end
+    if heir then v = redis.call('get', R) end
+  end
+  if v then
+    if string.sub(v, 1, 32) == token then
+      redis.call('pexpire', R, ttl)
+      return 2, fence_of(v)
+    end
+    register = tonumber(register)
+    if register > 0 then enqueue(R, v, token, register, lease, meta) end
+    return 0, redis.call('pttl', R)
+  end
+  local fence = redis.call('incr', R .. ':fence')
+  redis.call('set', R, token .. ':' .. fence .. ':' .. meta, 'px', ttl)
+  return 1, fence
+end
+local function release(R, token, keep)
+  local v = redis.call('get', R)
+  if not v then return 0 end
+  local owner = string.sub(v, 1, 32)
+  if owner ~= token then
+    if owner == string.rep('-', 32) then return 0 end
+    return 2
+  end
+  if keep == '0' then
+    redis.call('del', R)
+    if string.byte(v, 33) == 43 and redis.call('exists', R .. ':queue') == 1 then hand_over(R) end
+  else
+    redis.call('set', R, string.rep('-', 32) .. string.sub(v, 33), 'px', keep)
+  end
+  return 1
+end
 "
     };
 }
 
-/// ARGV: token, ttl ms, metadata, register ms (0: do not queue), hand-over lease ms.
-/// {1, fence}: granted now. {2, fence}: handed over to this token by a release since its last busy attempt
-/// (claiming it sets the full ttl).
-/// {0, PTTL}: busy (and, with register > 0, queued or refreshed in the queue).
-/// The common case, a free lock nobody waits for, runs first and alone: the helpers are only built after it.
+/// ARGV: token, ttl ms, metadata[, register ms, hand-over lease ms (both 0 when left out)].
+/// {code, value} as `acquire` returns them.
 pub(super) static ACQUIRE: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(concat!(
-        r"if redis.call('exists', KEYS[1], KEYS[3]) == 0 then
-  local fence = redis.call('incr', KEYS[2])
-  local t = redis.call('time')
-  local since = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000))
-  redis.call('set', KEYS[1], ARGV[1] .. ':' .. fence .. ':' .. since .. ':' .. ARGV[3], 'px', ARGV[2])
-  return {1, fence}
-end
-",
-        prelude!(),
-        r"local v = redis.call('get', KEYS[1])
-if not v then
-  local heir = hand_over()
-  if heir == ARGV[1] then return {2, fence_of(redis.call('get', KEYS[1]))} end
-  if heir then v = redis.call('get', KEYS[1]) end
-end
-if v then
-  if string.sub(v, 1, 32) == ARGV[1] then
-    redis.call('pexpire', KEYS[1], ARGV[2])
-    return {2, fence_of(v)}
+        functions!(),
+        "return {acquire(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4] or '0', ARGV[5] or '0')}"
+    ))
+});
+
+/// ARGV: token[, keep ms (0 when left out)]. The outcome as `release` returns it.
+pub(super) static RELEASE: Lazy<LuaScript> =
+    Lazy::new(|| LuaScript::new(concat!(functions!(), "return release(KEYS[1], ARGV[1], ARGV[2] or '0')")));
+
+/// Several acquires and releases, of any locks, in one call: Redis spends most of a small script's time on
+/// the call itself, so under load one call for many operations is what keeps up with plain SET/DEL.
+/// KEYS: each operation's record, in order. ARGV[1]: one letter per operation, then each one's ARGV in
+/// order: `a` acquire (token, ttl, metadata), `q` acquire and queue (the same, register, lease), `r` release
+/// (token), `k` release but keep (token, keep). Returns two values per operation: {code, value} as above (a
+/// release's value is 0), or {-1, message} when that operation failed (the others still ran).
+pub(super) static BATCH: Lazy<LuaScript> = Lazy::new(|| {
+    LuaScript::new(concat!(
+        functions!(),
+        r"local out = {}
+local ops = ARGV[1]
+local a = 2
+for i = 1, #ops do
+  local op = string.byte(ops, i)
+  local ok, code, value
+  if op == 97 then
+    ok, code, value = pcall(acquire, KEYS[i], ARGV[a], ARGV[a + 1], ARGV[a + 2], '0', '0')
+    a = a + 3
+  elseif op == 113 then
+    ok, code, value = pcall(acquire, KEYS[i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+    a = a + 5
+  elseif op == 114 then
+    ok, code = pcall(release, KEYS[i], ARGV[a], '0')
+    a = a + 1
+  else
+    ok, code = pcall(release, KEYS[i], ARGV[a], ARGV[a + 1])
+    a = a + 2
   end
-  local register = tonumber(ARGV[4])
-  if register > 0 then enqueue(ARGV[1], register, ARGV[5], ARGV[3]) end
-  return {0, redis.call('pttl', KEYS[1])}
+  if ok then
+    out[2 * i - 1], out[2 * i] = code, value or 0
+  else
+    out[2 * i - 1], out[2 * i] = -1, type(code) == 'table' and code.err or tostring(code)
+  end
 end
-local fence = redis.call('incr', KEYS[2])
-redis.call('set', KEYS[1], ARGV[1] .. ':' .. fence .. ':' .. string.format('%d', now_ms()) .. ':' .. ARGV[3], 'px', ARGV[2])
-return {1, fence}"
+return out"
     ))
 });
 
@@ -120,38 +189,12 @@ return 0",
     )
 });
 
-/// ARGV: token, keep ms (0: free it now). 1 released, 0 expired (no owner), 2 owned by another token.
-/// The common case, the owner freeing a lock nobody waits for, runs first and alone.
-pub(super) static RELEASE: Lazy<LuaScript> = Lazy::new(|| {
-    LuaScript::new(concat!(
-        r"local v = redis.call('get', KEYS[1])
-local mine = v and string.sub(v, 1, 32) == ARGV[1]
-if mine and ARGV[2] == '0' then
-  redis.call('del', KEYS[1])
-  if redis.call('exists', KEYS[3]) == 0 then return 1 end
-end
-",
-        prelude!(),
-        r"if not v then return 0 end
-if not mine then
-  if string.sub(v, 1, 32) == NOBODY then return 0 end
-  return 2
-end
-if ARGV[2] ~= '0' then
-  redis.call('set', KEYS[1], NOBODY .. string.sub(v, 33), 'px', ARGV[2])
-  return 1
-end
-hand_over()
-return 1"
-    ))
-});
-
 /// ARGV: token. Leaves the queue; the fence if the lock was handed to this token meanwhile, else -1.
 pub(super) static WITHDRAW: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(concat!(
-        prelude!(),
-        r"redis.call('zrem', KEYS[3], ARGV[1])
-redis.call('hdel', KEYS[4], ARGV[1])
+        functions!(),
+        r"redis.call('zrem', KEYS[1] .. ':queue', ARGV[1])
+redis.call('hdel', KEYS[1] .. ':waiters', ARGV[1])
 local v = redis.call('get', KEYS[1])
 if v and string.sub(v, 1, 32) == ARGV[1] then return fence_of(v) end
 return -1"
@@ -172,17 +215,31 @@ pub(super) static INFO: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(
         r"local v = redis.call('get', KEYS[1])
 if not v then return nil end
-local fence, meta = string.match(v, '^[^:]*:(%d+):%d+:(.*)$')
-return {meta or '', tonumber(fence) or 0, redis.call('pttl', KEYS[1]), redis.call('zcard', KEYS[3])}",
+local fence, meta = string.match(v, '^(%d+):(.*)$', 34)
+return {meta or '', tonumber(fence) or 0, redis.call('pttl', KEYS[1]), redis.call('zcard', KEYS[1] .. ':queue')}",
     )
 });
 
 /// 1 if a lock was deleted (and handed to the next waiter, if any), else 0.
 pub(super) static FORCE_UNLOCK: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(concat!(
-        prelude!(),
+        functions!(),
         r"local n = redis.call('del', KEYS[1])
-if redis.call('exists', KEYS[3]) == 1 then hand_over() end
+if redis.call('exists', KEYS[1] .. ':queue') == 1 then hand_over(KEYS[1]) end
 return n"
     ))
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{CHANNEL, FENCE};
+
+    /// The scripts name a lock's fencing counter and channel after its record exactly as the client does.
+    #[test]
+    fn scripts_derive_the_same_key_names_as_the_client() {
+        for suffix in [FENCE, CHANNEL] {
+            assert!(ACQUIRE.source.contains(&format!("R .. '{suffix}'")), "{suffix}");
+        }
+    }
+}
