@@ -1,0 +1,152 @@
+//! Shared script calls (Redis only): under load the client sends many tasks' acquires and releases in one
+//! script call. Each operation must still get exactly its own answer: its own grant and fence, its own busy
+//! or hand-over, its own error, and a failure of one must not fail the others sharing its call.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use distlock::{LockError, ReleaseOutcome, RetryStrategy};
+use distlock_tests::time::{ms, secs};
+use distlock_tests::{within, Fixture};
+use redis::aio::MultiplexedConnection;
+use tokio::task::JoinSet;
+
+/// Script calls (EVALSHA and EVAL) the server has run so far, from INFO commandstats.
+async fn script_calls(conn: &mut MultiplexedConnection) -> u64 {
+    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.unwrap();
+    stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| l.split(['=', ',']).nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
+/// 64 tasks cycle on keys of their own while 16 more contend, with queueing and hand-overs, for 4 shared keys,
+/// all on one client. Every cycle gets a grant and a Released; each key's fences strictly increase; no two
+/// holders of a shared key overlap; nothing is left held; and the server ran fewer script calls than there
+/// were operations, so calls were shared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_calls_give_every_operation_its_own_answer() {
+    const OWN: usize = 64;
+    const OWN_CYCLES: usize = 30;
+    const SHARED_TASKS: usize = 16;
+    const SHARED_KEYS: usize = 4;
+    const SHARED_CYCLES: usize = 10;
+
+    let fx = Fixture::redis().await;
+    let mut conn = fx.redis_connection().unwrap();
+    let calls_before = script_calls(&mut conn).await;
+    let inside: Arc<Vec<AtomicUsize>> = Arc::new((0..SHARED_KEYS).map(|_| AtomicUsize::new(0)).collect());
+    let mut tasks = JoinSet::new();
+    for task in 0..OWN + SHARED_TASKS {
+        let client = fx.client().clone();
+        let inside = inside.clone();
+        tasks.spawn(async move {
+            let mut fences: Vec<(String, u64)> = Vec::new();
+            let (key, cycles, shared) = if task < OWN {
+                (format!("own-{task}"), OWN_CYCLES, None)
+            } else {
+                let k = task % SHARED_KEYS;
+                (format!("shared-{k}"), SHARED_CYCLES, Some(k))
+            };
+            for _ in 0..cycles {
+                let guard = client.lock(key.as_str()).ttl(secs(5)).wait(secs(20)).acquire().await?;
+                if let Some(k) = shared {
+                    assert_eq!(inside[k].fetch_add(1, Ordering::SeqCst), 0, "two holders of {key}");
+                    tokio::task::yield_now().await;
+                    inside[k].fetch_sub(1, Ordering::SeqCst);
+                }
+                fences.push((key.clone(), guard.fencing_token()));
+                assert_eq!(guard.release().await?, ReleaseOutcome::Released, "{key}");
+            }
+            Ok::<_, LockError>(fences)
+        });
+    }
+    let mut by_key: HashMap<String, Vec<u64>> = HashMap::new();
+    let results = within(secs(60), "all cycles", async {
+        let mut all = Vec::new();
+        while let Some(r) = tasks.join_next().await {
+            all.push(r.expect("task panicked").expect("every operation succeeds"));
+        }
+        all
+    })
+    .await;
+    let mut operations = 0u64;
+    for fences in results {
+        for (key, fence) in fences {
+            operations += 2;
+            by_key.entry(key).or_default().push(fence);
+        }
+    }
+    assert_eq!(operations as usize, 2 * (OWN * OWN_CYCLES + SHARED_TASKS * SHARED_CYCLES));
+    for (key, mut fences) in by_key {
+        let n = fences.len();
+        fences.sort_unstable();
+        fences.dedup();
+        assert_eq!(fences.len(), n, "{key}: a fence was handed out twice");
+    }
+    for task in 0..OWN {
+        assert!(fx.client().lock_info(&format!("own-{task}")).await.unwrap().is_none(), "own-{task} still held");
+    }
+    for k in 0..SHARED_KEYS {
+        assert!(fx.client().lock_info(&format!("shared-{k}")).await.unwrap().is_none(), "shared-{k} still held");
+    }
+    let calls = script_calls(&mut conn).await - calls_before;
+    assert!(calls < operations, "{calls} script calls for {operations} operations: none were shared");
+}
+
+/// A lock whose record key holds a list (another program wrote it) fails with a backend error naming it,
+/// also when its acquire shares a call with others — and those others are granted as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_failing_operation_does_not_fail_the_others_in_its_call() {
+    const GOOD: usize = 120;
+    const BAD: usize = 12;
+
+    let fx = Fixture::redis().await;
+    let mut conn = fx.redis_connection().unwrap();
+    let bad_record = fx.client().record_key("not-a-lock");
+    let _: () = redis::cmd("RPUSH").arg(&bad_record).arg("x").query_async(&mut conn).await.unwrap();
+
+    let mut tasks = JoinSet::new();
+    let mut expected_good = 0;
+    for i in 0..GOOD + BAD {
+        let client = fx.client().clone();
+        // The bad ones go in among the good ones, so they queue behind the first calls and share later ones.
+        let bad = i % (GOOD / BAD + 1) == GOOD / BAD;
+        expected_good += usize::from(!bad);
+        let key = if bad { "not-a-lock".to_owned() } else { format!("good-{i}") };
+        tasks.spawn(async move {
+            let result = client.lock(key.as_str()).ttl(secs(5)).retry(RetryStrategy::None).wait(ms(0)).acquire().await;
+            (bad, key, result)
+        });
+    }
+    let (mut granted, mut failed_in_shared_call) = (0, 0);
+    let mut guards = Vec::new();
+    while let Some(joined) = within(secs(30), "acquires", tasks.join_next()).await {
+        let (bad, key, result) = joined.expect("task panicked");
+        match (bad, result) {
+            (false, Ok(guard)) => {
+                granted += 1;
+                guards.push(guard);
+            }
+            (false, Err(e)) => panic!("{key} failed beside a failing lock: {e}"),
+            (true, Err(LockError::Backend(e))) => {
+                assert_eq!(e.key(), Some("not-a-lock"));
+                let text = e.to_string();
+                assert!(text.contains("WRONGTYPE"), "{text}");
+                if text.contains("the lock script failed") {
+                    failed_in_shared_call += 1;
+                }
+            }
+            (true, other) => panic!("the lock on a list key gave {other:?}"),
+        }
+    }
+    assert_eq!(granted, expected_good);
+    assert!(failed_in_shared_call > 0, "no failing acquire shared a call: the test did not test that");
+    for guard in guards {
+        assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+    }
+    let kind: String = redis::cmd("TYPE").arg(&bad_record).query_async(&mut conn).await.unwrap();
+    assert_eq!(kind, "list", "the other program's key was changed");
+}
