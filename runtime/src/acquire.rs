@@ -72,7 +72,7 @@ pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockE
             return give_up(request, pending, last_busy, started).await;
         }
         let Some(releases) = releases.as_mut() else {
-            releases = Some(backend.watch_releases(&pending.keys).await?);
+            releases = Some(backend.watch_releases(&pending.keys, &pending.token).await?);
             continue;
         };
         retries += 1;

@@ -228,7 +228,7 @@ impl MemoryBackend {
         Ok(existed)
     }
 
-    pub(crate) async fn watch_releases(&self, keys: &LockKeys) -> Result<ReleaseWatch, LockError> {
+    pub(crate) async fn watch_releases(&self, keys: &LockKeys, _token: &LockToken) -> Result<ReleaseWatch, LockError> {
         let mut state = self.state();
         let name = keys.channel();
         let channel = state

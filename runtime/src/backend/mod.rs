@@ -233,9 +233,10 @@ impl Backend {
         matches!(self, Backend::Redis(b) if b.waits_for_replicas())
     }
 
-    /// Starts listening for hand-overs of the lock; resolves once announcements can no longer be missed.
-    pub(crate) async fn watch_releases(&self, keys: &LockKeys) -> Result<ReleaseWatch, LockError> {
-        dispatch!(self, b => b.watch_releases(keys).await)
+    /// Starts listening, as the waiter with `token`, for hand-overs of the lock; resolves once announcements
+    /// can no longer be missed.
+    pub(crate) async fn watch_releases(&self, keys: &LockKeys, token: &LockToken) -> Result<ReleaseWatch, LockError> {
+        dispatch!(self, b => b.watch_releases(keys, token).await)
     }
 }
 

@@ -136,7 +136,7 @@ impl RedisBackend {
         let (holder, waiter) = (LockToken::random(), LockToken::random());
         let lease = Duration::from_secs(5);
         let queueing = Queueing { register: lease, lease };
-        let _listening = self.watch_releases(&keys).await?;
+        let _listening = self.watch_releases(&keys, &waiter).await?;
         if let Attempt::Granted { .. } = self.acquire(&keys, &holder, lease, "startup probe", None).await? {
             self.acquire(&keys, &waiter, lease, "startup probe", Some(queueing)).await?;
             self.release(&keys, &holder, None).await?;
@@ -353,8 +353,8 @@ impl RedisBackend {
         Ok(deleted == 1)
     }
 
-    pub(crate) async fn watch_releases(&self, keys: &LockKeys) -> Result<ReleaseWatch, LockError> {
-        self.subscriber.watch(&keys.channel()).await.map_err(|e| self.error(keys, e))
+    pub(crate) async fn watch_releases(&self, keys: &LockKeys, token: &LockToken) -> Result<ReleaseWatch, LockError> {
+        self.subscriber.watch(&keys.channel(), token).await.map_err(|e| self.error(keys, e))
     }
 }
 

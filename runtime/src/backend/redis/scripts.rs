@@ -31,6 +31,22 @@ impl LuaScript {
     }
 }
 
+/// Grants a free lock nobody queued for (R, token, ttl and meta in scope), returning `<open>1, fence<close>`.
+macro_rules! free_lock_fast_path {
+    ($open:literal, $close:literal) => {
+        concat!(
+            r"if redis.call('exists', R, R .. ':queue') == 0 then
+  local fence = redis.call('incr', R .. ':fence')
+  redis.call('set', R, token .. ':' .. fence .. ':' .. meta, 'px', ttl)
+  return ",
+            $open,
+            "1, fence",
+            $close,
+            "\nend\n"
+        )
+    };
+}
+
 /// The helpers and the two hot operations, shared by every script that queues or hands over.
 ///
 /// `acquire(R, token, ttl ms, metadata, register ms (0: do not queue), hand-over lease ms)` → code, value.
@@ -38,11 +54,12 @@ impl LuaScript {
 /// (claiming it sets the full ttl). 0, PTTL: busy (and, with register > 0, queued or refreshed in the queue).
 /// The common case, a free lock nobody waits for, comes first: EXISTS, INCR, SET.
 ///
-/// `release(R, token, keep ms (0: free it now))` → 1 released, 0 expired (no owner), 2 owned by another
+/// `release(R, token, keep ms (0: free it now), the record's value)` → 1 released, 0 expired (no owner), 2 owned by another
 /// token. Freeing hands the lock to the next live waiter, if the record's mark says one may be queued.
 macro_rules! functions {
     () => {
-        r"local function now_ms()
+        concat!(
+            r"local function now_ms()
   local t = redis.call('time')
   return t[1] * 1000 + math.floor(t[2] / 1000)
 end
@@ -66,15 +83,15 @@ local function enqueue(R, v, token, register, lease, meta)
 end
 local function hand_over(R)
   local Q, W = R .. ':queue', R .. ':waiters'
-  local now = now_ms()
+  local now
   while true do
-    local heir = redis.call('zrange', Q, 0, 0)[1]
+    local heir = redis.call('zpopmin', Q)[1]
     if not heir then return nil end
-    redis.call('zrem', Q, heir)
     local w = redis.call('hget', W, heir)
     redis.call('hdel', W, heir)
     if w then
       local expires, lease, meta = string.match(w, '^(%d+):(%d+):(.*)$')
+      now = now or now_ms()
       if tonumber(expires) > now then
         local fence = redis.call('incr', R .. ':fence')
         redis.call('set', R, heir .. '+' .. fence .. ':' .. meta, 'px', lease)
@@ -85,12 +102,9 @@ local function hand_over(R)
   end
 end
 local function acquire(R, token, ttl, meta, register, lease)
-  if redis.call('exists', R, R .. ':queue') == 0 then
-    local fence = redis.call('incr', R .. ':fence')
-    redis.call('set', R, token .. ':' .. fence .. ':' .. meta, 'px', ttl)
-    return 1, fence
-  end
-  local v = redis.call('get', R)
+",
+            free_lock_fast_path!("", ""),
+            r"  local v = redis.call('get', R)
   if not v then
     local heir = hand_over(R)
     if heir == token then return 2, fence_of(redis.call('get', R)) end
@@ -109,8 +123,7 @@ local function acquire(R, token, ttl, meta, register, lease)
   redis.call('set', R, token .. ':' .. fence .. ':' .. meta, 'px', ttl)
   return 1, fence
 end
-local function release(R, token, keep)
-  local v = redis.call('get', R)
+local function release(R, token, keep, v)
   if not v then return 0 end
   local owner = string.sub(v, 1, 32)
   if owner ~= token then
@@ -118,29 +131,45 @@ local function release(R, token, keep)
     return 2
   end
   if keep == '0' then
-    redis.call('del', R)
-    if string.byte(v, 33) == 43 and redis.call('exists', R .. ':queue') == 1 then hand_over(R) end
+    -- A hand-over overwrites the record; without an heir it goes.
+    if string.byte(v, 33) ~= 43 or not hand_over(R) then redis.call('del', R) end
   else
     redis.call('set', R, string.rep('-', 32) .. string.sub(v, 33), 'px', keep)
   end
   return 1
 end
 "
+        )
     };
 }
 
 /// ARGV: token, ttl ms, metadata[, register ms, hand-over lease ms (both 0 when left out)].
 /// {code, value} as `acquire` returns them.
+/// The common case runs before the functions are even defined: defining them is much of a script's cost.
 pub(super) static ACQUIRE: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(concat!(
+        "local R, token, ttl, meta = KEYS[1], ARGV[1], ARGV[2], ARGV[3]\n",
+        free_lock_fast_path!("{", "}"),
         functions!(),
-        "return {acquire(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4] or '0', ARGV[5] or '0')}"
+        "return {acquire(R, token, ttl, meta, ARGV[4] or '0', ARGV[5] or '0')}"
     ))
 });
 
 /// ARGV: token[, keep ms (0 when left out)]. The outcome as `release` returns it.
-pub(super) static RELEASE: Lazy<LuaScript> =
-    Lazy::new(|| LuaScript::new(concat!(functions!(), "return release(KEYS[1], ARGV[1], ARGV[2] or '0')")));
+/// The common case, the owner freeing a lock nobody queued for, runs before the functions are defined.
+pub(super) static RELEASE: Lazy<LuaScript> = Lazy::new(|| {
+    LuaScript::new(concat!(
+        r"local R, token, keep = KEYS[1], ARGV[1], ARGV[2] or '0'
+local v = redis.call('get', R)
+if v and keep == '0' and string.sub(v, 1, 32) == token and string.byte(v, 33) ~= 43 then
+  redis.call('del', R)
+  return 1
+end
+",
+        functions!(),
+        "return release(R, token, keep, v)"
+    ))
+});
 
 /// Several acquires and releases, of any locks, in one call: Redis spends most of a small script's time on
 /// the call itself, so under load one call for many operations is what keeps up with plain SET/DEL.
@@ -151,7 +180,11 @@ pub(super) static RELEASE: Lazy<LuaScript> =
 pub(super) static BATCH: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(concat!(
         functions!(),
-        r"local out = {}
+        r"-- Every command of an operation runs under its pcall, so its failure is its own.
+local function release_op(R, token, keep)
+  return release(R, token, keep, redis.call('get', R))
+end
+local out = {}
 local ops = ARGV[1]
 local a = 2
 for i = 1, #ops do
@@ -164,10 +197,10 @@ for i = 1, #ops do
     ok, code, value = pcall(acquire, KEYS[i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
     a = a + 5
   elseif op == 114 then
-    ok, code = pcall(release, KEYS[i], ARGV[a], '0')
+    ok, code = pcall(release_op, KEYS[i], ARGV[a], '0')
     a = a + 1
   else
-    ok, code = pcall(release, KEYS[i], ARGV[a], ARGV[a + 1])
+    ok, code = pcall(release_op, KEYS[i], ARGV[a], ARGV[a + 1])
     a = a + 2
   end
   if ok then
@@ -225,7 +258,7 @@ pub(super) static FORCE_UNLOCK: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(concat!(
         functions!(),
         r"local n = redis.call('del', KEYS[1])
-if redis.call('exists', KEYS[1] .. ':queue') == 1 then hand_over(KEYS[1]) end
+hand_over(KEYS[1])
 return n"
     ))
 });

@@ -10,6 +10,7 @@ use tokio::sync::watch;
 
 use super::{manager_config, Timeouts};
 use crate::backend::{Announcement, ReleaseWatch};
+use crate::LockToken;
 
 /// The shared subscriber: one RESP3 connection per client, opened on the first wait, carrying the
 /// subscriptions of all waiters. A channel is subscribed while at least one waiter watches it.
@@ -23,8 +24,8 @@ pub(super) struct Subscriber {
 }
 
 struct Channel {
-    tx: watch::Sender<Announcement>,
-    waiters: usize,
+    /// Each watching waiter's announcements, by its token: a hand-over wakes its heir only, not every waiter.
+    waiters: HashMap<String, watch::Sender<Announcement>>,
     subscribed: bool,
 }
 
@@ -53,17 +54,18 @@ impl Subscriber {
                     match push.kind {
                         PushKind::Message => {
                             if let [Value::BulkString(name), Value::BulkString(text), ..] = push.data.as_slice() {
-                                if let Some(channel) = channels.get(name.as_slice()) {
-                                    let text = String::from_utf8_lossy(text);
-                                    channel.tx.send_replace(Announcement::HandedOver(text.into()));
+                                let text = String::from_utf8_lossy(text);
+                                let heir = text.split(':').next().unwrap_or_default();
+                                if let Some(tx) = channels.get(name.as_slice()).and_then(|c| c.waiters.get(heir)) {
+                                    tx.send_replace(Announcement::HandedOver(text.as_ref().into()));
                                 }
                             }
                         }
                         // Announcements may have been lost while disconnected: every waiter retries once, and
                         // the subscriptions are restored (redis-rs's own resubscription gives up on a failure).
                         PushKind::Disconnection => {
-                            for channel in channels.values() {
-                                channel.tx.send_replace(Announcement::Retry);
+                            for tx in channels.values().flat_map(|c| c.waiters.values()) {
+                                tx.send_replace(Announcement::Retry);
                             }
                             resubscribe.start();
                         }
@@ -79,21 +81,20 @@ impl Subscriber {
             .cloned()
     }
 
-    /// Registers a waiter on `channel` and returns once the server has confirmed the subscription, so no
+    /// Registers the waiter with `token` on `channel` and returns once the server has confirmed the subscription, so no
     /// release published after this returns can be missed.
-    pub(super) async fn watch(&self, channel: &str) -> redis::RedisResult<ReleaseWatch> {
+    pub(super) async fn watch(&self, channel: &str, token: &LockToken) -> redis::RedisResult<ReleaseWatch> {
         let name = channel.as_bytes().to_vec();
         let rx = {
             let mut channels = lock_channels(&self.channels);
-            let entry = channels.entry(name.clone()).or_insert_with(|| Channel {
-                tx: watch::Sender::new(Announcement::Nothing),
-                waiters: 0,
-                subscribed: false,
-            });
-            entry.waiters += 1;
-            entry.tx.subscribe()
+            let entry =
+                channels.entry(name.clone()).or_insert_with(|| Channel { waiters: HashMap::new(), subscribed: false });
+            let tx = watch::Sender::new(Announcement::Nothing);
+            let rx = tx.subscribe();
+            entry.waiters.insert(token.as_str().to_owned(), tx);
+            rx
         };
-        let watch = ReleaseWatch::new(rx, self.on_last_waiter_gone(name.clone()));
+        let watch = ReleaseWatch::new(rx, self.on_waiter_gone(name.clone(), token.clone()));
         let subscribed = lock_channels(&self.channels).get(&name).is_some_and(|c| c.subscribed);
         if !subscribed {
             let mut conn = self.connection().await?;
@@ -109,8 +110,8 @@ impl Subscriber {
         Ok(watch)
     }
 
-    /// What a waiter's drop does: count down, and unsubscribe in the background when it was the last one.
-    fn on_last_waiter_gone(&self, name: Vec<u8>) -> impl FnOnce() + Send + Sync + 'static {
+    /// What a waiter's drop does: leave, and unsubscribe in the background when it was the last one.
+    fn on_waiter_gone(&self, name: Vec<u8>, token: LockToken) -> impl FnOnce() + Send + Sync + 'static {
         let channels = Arc::clone(&self.channels);
         let commands = Arc::clone(&self.commands);
         let connection = Arc::clone(&self.connection);
@@ -119,8 +120,8 @@ impl Subscriber {
             let last = {
                 let mut map = lock_channels(&channels);
                 let Some(entry) = map.get_mut(&name) else { return };
-                entry.waiters -= 1;
-                entry.waiters == 0
+                entry.waiters.remove(token.as_str());
+                entry.waiters.is_empty()
             };
             let (Some(runtime), true) = (runtime, last) else { return };
             runtime.spawn(async move {
@@ -128,7 +129,7 @@ impl Subscriber {
                 let was_subscribed = {
                     let mut map = lock_channels(&channels);
                     match map.get(&name) {
-                        Some(entry) if entry.waiters == 0 => map.remove(&name).is_some_and(|c| c.subscribed),
+                        Some(entry) if entry.waiters.is_empty() => map.remove(&name).is_some_and(|c| c.subscribed),
                         _ => false,
                     }
                 };
@@ -170,7 +171,7 @@ impl Resubscribe {
             let _serial = self.commands.lock().await;
             let names: Vec<Vec<u8>> = lock_channels(&self.channels)
                 .iter()
-                .filter(|(_, c)| c.waiters > 0 && c.subscribed)
+                .filter(|(_, c)| !c.waiters.is_empty() && c.subscribed)
                 .map(|(name, _)| name.clone())
                 .collect();
             if names.is_empty() {
@@ -178,8 +179,8 @@ impl Resubscribe {
             }
             if conn.subscribe(&names).await.is_ok() {
                 // Hand-overs published before the subscription was back were missed: look again.
-                for channel in lock_channels(&self.channels).values() {
-                    channel.tx.send_replace(Announcement::Retry);
+                for tx in lock_channels(&self.channels).values().flat_map(|c| c.waiters.values()) {
+                    tx.send_replace(Announcement::Retry);
                 }
                 return;
             }
