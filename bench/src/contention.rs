@@ -56,6 +56,8 @@ pub struct Round {
     pub acquisitions_per_s: f64,
     pub gap_p50_us: f64,
     pub gap_p99_us: f64,
+    /// The holder's release call, start to reply: the round trip a hand-off cannot beat.
+    pub release_p50_us: f64,
     pub min_per_task: u64,
     pub max_per_task: u64,
     pub mean_per_task: f64,
@@ -109,6 +111,7 @@ impl Shared {
 struct TaskOutcome {
     acquisitions: u64,
     gaps: Vec<u32>,
+    release_calls: Vec<u32>,
     errors: u64,
     first_error: Option<String>,
 }
@@ -185,7 +188,13 @@ async fn round(
             (Arc::clone(sys), Arc::clone(&shared), Arc::clone(&barrier), Arc::clone(&key));
         handles.push(tokio::spawn(async move {
             let mut conn = sys.raw.conn.clone();
-            let mut out = TaskOutcome { acquisitions: 0, gaps: Vec::with_capacity(4096), errors: 0, first_error: None };
+            let mut out = TaskOutcome {
+                acquisitions: 0,
+                gaps: Vec::with_capacity(4096),
+                release_calls: Vec::with_capacity(4096),
+                errors: 0,
+                first_error: None,
+            };
             barrier.wait().await;
             let end = Instant::now() + window;
             // Every loop is bounded by `end`: waits give up shortly after it.
@@ -217,10 +226,13 @@ async fn round(
                 }
                 tokio::time::sleep(HOLD).await;
                 shared.holders.fetch_sub(1, SeqCst);
-                shared.last_release.store(shared.now_ns(), SeqCst);
+                let releasing = shared.now_ns();
+                shared.last_release.store(releasing, SeqCst);
                 if let Err(e) = release(&sys, held, &key, &mut conn).await {
                     out.errors += 1;
                     out.first_error.get_or_insert(e);
+                } else if in_window && out.release_calls.len() < out.release_calls.capacity() {
+                    out.release_calls.push(ns32(Duration::from_nanos(shared.now_ns().saturating_sub(releasing))));
                 }
                 tokio::time::sleep(PAUSE).await;
             }
@@ -241,12 +253,15 @@ async fn round(
     let total: u64 = counts.iter().sum();
     let mut gaps: Vec<u32> = outcomes.iter().flat_map(|o| o.gaps.iter().copied()).collect();
     gaps.sort_unstable();
+    let mut release_calls: Vec<u32> = outcomes.iter().flat_map(|o| o.release_calls.iter().copied()).collect();
+    release_calls.sort_unstable();
     let errors = outcomes.iter().map(|o| o.errors).sum();
     let first_error = outcomes.iter().find_map(|o| o.first_error.clone());
     let r = Round {
         acquisitions_per_s: total as f64 / window.as_secs_f64(),
         gap_p50_us: percentile_us(&gaps, 50.0),
         gap_p99_us: percentile_us(&gaps, 99.0),
+        release_p50_us: percentile_us(&release_calls, 50.0),
         min_per_task: counts.iter().copied().min().unwrap_or(0),
         max_per_task: counts.iter().copied().max().unwrap_or(0),
         mean_per_task: total as f64 / TASKS as f64,
