@@ -3,9 +3,9 @@
 //!
 //! KEYS[1] is always the lock's record. Its other keys are named after it, so they share its hash tag (and
 //! cluster slot): `:fence` the fencing counter, `:queue` the wait queue (a sorted set of waiter tokens in
-//! arrival order), `:waiters` their details (a hash: token → `<expires ms>:<lease ms>:<metadata>`) and
-//! `:released` the channel hand-overs are published on. Passing one key instead of four is a third of an
-//! acquire's cost in Redis.
+//! arrival order), `:waiter:<token>` each waiter's details (`<hand-over lease ms>:<metadata>`, which Redis
+//! expires when the waiter stops refreshing its place) and `:released` the channel hand-overs are published
+//! on. Passing one key instead of four is a third of an acquire's cost in Redis.
 //!
 //! The record is one string, `<token><mark><fence>:<metadata>`: cheaper for Redis than a hash, and the
 //! 32-character token at its start is all that renew and release compare. The mark is `:`, or `+` once a
@@ -47,62 +47,64 @@ macro_rules! free_lock_fast_path {
     };
 }
 
-/// The helpers and the two hot operations, shared by every script that queues or hands over.
+/// The Lua functions the scripts share; each script defines only those it calls, as defining them costs Redis
+/// time on every call.
 ///
-/// `acquire(R, token, ttl ms, metadata, register ms (0: do not queue), hand-over lease ms)` → code, value.
-/// 1, fence: granted now. 2, fence: handed over to this token by a release since its last busy attempt
-/// (claiming it sets the full ttl). 0, PTTL: busy (and, with register > 0, queued or refreshed in the queue).
-/// The common case, a free lock nobody waits for, comes first: EXISTS, INCR, SET.
-///
-/// `release(R, token, keep ms (0: free it now), the record's value)` → 1 released, 0 expired (no owner), 2 owned by another
-/// token. Freeing hands the lock to the next live waiter, if the record's mark says one may be queued.
-macro_rules! functions {
+/// `hand_over(R)` gives a free lock to the longest-waiting waiter still refreshing its place and announces it;
+/// the heir's token, or nil when nobody waits.
+macro_rules! hand_over_fn {
     () => {
-        concat!(
-            r"local function now_ms()
-  local t = redis.call('time')
-  return t[1] * 1000 + math.floor(t[2] / 1000)
-end
-local function fence_of(v)
-  return tonumber(string.match(v, '^(%d+)', 34))
-end
-local function enqueue(R, v, token, register, lease, meta)
-  local Q, W = R .. ':queue', R .. ':waiters'
-  if string.byte(v, 33) ~= 43 then
-    redis.call('set', R, string.sub(v, 1, 32) .. '+' .. string.sub(v, 34), 'keepttl')
-  end
-  local t = redis.call('time')
-  if not redis.call('zscore', Q, token) then
-    redis.call('zadd', Q, t[1] * 1000000 + t[2], token)
-  end
-  local expires = t[1] * 1000 + math.floor(t[2] / 1000) + register
-  redis.call('hset', W, token, string.format('%d', expires) .. ':' .. lease .. ':' .. meta)
-  for _, k in ipairs({Q, W}) do
-    if redis.call('pttl', k) < register then redis.call('pexpire', k, register) end
-  end
-end
-local function hand_over(R)
-  local Q, W = R .. ':queue', R .. ':waiters'
-  local now
+        r"local function hand_over(R)
+  local Q = R .. ':queue'
   while true do
     local heir = redis.call('zpopmin', Q)[1]
     if not heir then return nil end
-    local w = redis.call('hget', W, heir)
-    redis.call('hdel', W, heir)
+    -- A waiter that stopped refreshing its place has no details left: Redis expired them.
+    local w = redis.call('getdel', R .. ':waiter:' .. heir)
     if w then
-      local expires, lease, meta = string.match(w, '^(%d+):(%d+):(.*)$')
-      now = now or now_ms()
-      if tonumber(expires) > now then
-        local fence = redis.call('incr', R .. ':fence')
-        redis.call('set', R, heir .. '+' .. fence .. ':' .. meta, 'px', lease)
-        redis.call('publish', R .. ':released', heir .. ':' .. fence)
-        return heir
-      end
+      local lease, meta = string.match(w, '^(%d+):(.*)$')
+      local fence = redis.call('incr', R .. ':fence')
+      redis.call('set', R, heir .. '+' .. fence .. ':' .. meta, 'px', lease)
+      redis.call('publish', R .. ':released', heir .. ':' .. fence)
+      return heir
     end
   end
 end
-local function acquire(R, token, ttl, meta, register, lease)
-",
+"
+    };
+}
+
+/// `fence_of(record value)` and `enqueue(R, v, token, register ms, hand-over lease ms, metadata)`: a busy
+/// attempt's place in the queue, taken or refreshed.
+macro_rules! queue_fns {
+    () => {
+        r"local function fence_of(v)
+  return tonumber(string.match(v, '^(%d+)', 34))
+end
+local function enqueue(R, v, token, register, lease, meta)
+  local Q = R .. ':queue'
+  if string.byte(v, 33) ~= 43 then
+    redis.call('set', R, string.sub(v, 1, 32) .. '+' .. string.sub(v, 34), 'keepttl')
+  end
+  if not redis.call('zscore', Q, token) then
+    local t = redis.call('time')
+    redis.call('zadd', Q, t[1] * 1000000 + t[2], token)
+  end
+  redis.call('set', R .. ':waiter:' .. token, lease .. ':' .. meta, 'px', register)
+  if redis.call('pttl', Q) < register then redis.call('pexpire', Q, register) end
+end
+"
+    };
+}
+
+/// `acquire(R, token, ttl ms, metadata, register ms (0: do not queue), hand-over lease ms)` → code, value.
+/// 1, fence: granted now. 2, fence: handed over to this token by a release since its last busy attempt
+/// (claiming it sets the full ttl). 0, PTTL: busy (and, with register > 0, queued or refreshed in the queue).
+/// The common case, a free lock nobody waits for, comes first: EXISTS, INCR, SET. Needs the functions above.
+macro_rules! acquire_fn {
+    () => {
+        concat!(
+            "local function acquire(R, token, ttl, meta, register, lease)\n",
             free_lock_fast_path!("", ""),
             r"  local v = redis.call('get', R)
   if not v then
@@ -123,7 +125,17 @@ local function acquire(R, token, ttl, meta, register, lease)
   redis.call('set', R, token .. ':' .. fence .. ':' .. meta, 'px', ttl)
   return 1, fence
 end
-local function release(R, token, keep, v)
+"
+        )
+    };
+}
+
+/// `release(R, token, keep ms (0: free it now), the record's value)` → 1 released, 0 expired (no owner), 2
+/// owned by another token. Freeing hands the lock to the next live waiter, if the record's mark says one may
+/// be queued. Needs `hand_over`.
+macro_rules! release_fn {
+    () => {
+        r"local function release(R, token, keep, v)
   if not v then return 0 end
   local owner = string.sub(v, 1, 32)
   if owner ~= token then
@@ -139,7 +151,6 @@ local function release(R, token, keep, v)
   return 1
 end
 "
-        )
     };
 }
 
@@ -150,7 +161,9 @@ pub(super) static ACQUIRE: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(concat!(
         "local R, token, ttl, meta = KEYS[1], ARGV[1], ARGV[2], ARGV[3]\n",
         free_lock_fast_path!("{", "}"),
-        functions!(),
+        hand_over_fn!(),
+        queue_fns!(),
+        acquire_fn!(),
         "return {acquire(R, token, ttl, meta, ARGV[4] or '0', ARGV[5] or '0')}"
     ))
 });
@@ -166,7 +179,8 @@ if v and keep == '0' and string.sub(v, 1, 32) == token and string.byte(v, 33) ~=
   return 1
 end
 ",
-        functions!(),
+        hand_over_fn!(),
+        release_fn!(),
         "return release(R, token, keep, v)"
     ))
 });
@@ -179,7 +193,10 @@ end
 /// release's value is 0), or {-1, message} when that operation failed (the others still ran).
 pub(super) static BATCH: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(concat!(
-        functions!(),
+        hand_over_fn!(),
+        queue_fns!(),
+        acquire_fn!(),
+        release_fn!(),
         r"-- Every command of an operation runs under its pcall, so its failure is its own.
 local function release_op(R, token, keep)
   return release(R, token, keep, redis.call('get', R))
@@ -225,9 +242,9 @@ return 0",
 /// ARGV: token. Leaves the queue; the fence if the lock was handed to this token meanwhile, else -1.
 pub(super) static WITHDRAW: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(concat!(
-        functions!(),
+        queue_fns!(),
         r"redis.call('zrem', KEYS[1] .. ':queue', ARGV[1])
-redis.call('hdel', KEYS[1] .. ':waiters', ARGV[1])
+redis.call('del', KEYS[1] .. ':waiter:' .. ARGV[1])
 local v = redis.call('get', KEYS[1])
 if v and string.sub(v, 1, 32) == ARGV[1] then return fence_of(v) end
 return -1"
@@ -256,7 +273,7 @@ return {meta or '', tonumber(fence) or 0, redis.call('pttl', KEYS[1]), redis.cal
 /// 1 if a lock was deleted (and handed to the next waiter, if any), else 0.
 pub(super) static FORCE_UNLOCK: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(concat!(
-        functions!(),
+        hand_over_fn!(),
         r"local n = redis.call('del', KEYS[1])
 hand_over(KEYS[1])
 return n"
