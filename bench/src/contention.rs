@@ -245,12 +245,18 @@ async fn round(
         outcomes.push(h.await.expect("contention task panicked"));
     }
     let after = ServerCounters::read(info).await.ok();
+    // The server counts the commands scripts run under their own names too: distlock sends no plain SET, so
+    // its SETs all ran inside its scripts and are not commands it sent.
+    let sent: &[&str] = if waiter == Waiter::Distlock { &["evalsha", "eval"] } else { &["set", "evalsha", "eval"] };
     let commands = match (&before, &after) {
-        (Some(b), Some(a)) => ["set", "evalsha", "eval"].iter().map(|c| a.delta(b, c)).sum::<u64>() as f64,
+        (Some(b), Some(a)) => sent.iter().map(|c| a.delta(b, c)).sum::<u64>() as f64,
         _ => f64::NAN,
     };
     let counts: Vec<u64> = outcomes.iter().map(|o| o.acquisitions).collect();
     let total: u64 = counts.iter().sum();
+    if let (Some(b), Some(a), true) = (&before, &after, std::env::var_os("BENCH_DEBUG").is_some()) {
+        a.print_per_cycle(b, &format!("{}, per acquisition", waiter.name()), total);
+    }
     let mut gaps: Vec<u32> = outcomes.iter().flat_map(|o| o.gaps.iter().copied()).collect();
     gaps.sort_unstable();
     let mut release_calls: Vec<u32> = outcomes.iter().flat_map(|o| o.release_calls.iter().copied()).collect();

@@ -12,7 +12,7 @@
 //! It starts a private `redis-server` (`$REDIS_SERVER_BIN`, else `redis-server` on `PATH`) on a free loopback
 //! port through `distlock_tests::RedisServer` — never the machine's own Redis on 6379 — and talks to nothing
 //! else. Every loop is bounded in count and time. `BENCH_DEBUG=1` also prints the server's per-command calls
-//! over each measured period (for scenarios 1 and 2 also the time in each, per cycle). Progress goes to stderr; the report (Markdown tables of
+//! over each measured period (for scenarios 1–3 also the time in each, per cycle or acquisition). Progress goes to stderr; the report (Markdown tables of
 //! medians over rounds, ratios to the raw floor, the machine line and the targets of issue 5) goes to stdout.
 //!
 //! redis-server is pinned to the last CPU and the benchmark to the others (`taskset`; `--no-pin` to skip), so
