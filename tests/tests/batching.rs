@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use distlock::{LockError, ReleaseOutcome, RetryStrategy};
+use distlock::{Client, LockError, ReleaseOutcome, RetryStrategy};
 use distlock_tests::time::{ms, secs};
-use distlock_tests::{within, Fixture};
+use distlock_tests::{within, Fixture, RedisServer};
 use redis::aio::MultiplexedConnection;
 use tokio::task::JoinSet;
 
@@ -149,4 +149,41 @@ async fn one_failing_operation_does_not_fail_the_others_in_its_call() {
     }
     let kind: String = redis::cmd("TYPE").arg(&bad_record).query_async(&mut conn).await.unwrap();
     assert_eq!(kind, "list", "the other program's key was changed");
+}
+
+/// A client built on a runtime that has since shut down, used from another under load: the calls that carry
+/// queued operations run on the caller's runtime, so every operation gets its answer and none waits forever.
+#[test]
+fn a_client_outliving_its_runtime_still_answers_every_operation() {
+    const TASKS: usize = 64;
+    const CYCLES: usize = 5;
+
+    let server = RedisServer::new();
+    let building = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let client = building.block_on(Client::builder().redis(server.url()).build()).unwrap();
+    drop(building);
+
+    let using = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let results = using.block_on(within(secs(30), "every cycle answered", async {
+        let mut tasks = JoinSet::new();
+        for task in 0..TASKS {
+            let client = client.clone();
+            tasks.spawn(async move {
+                let mut granted = 0;
+                for _ in 0..CYCLES {
+                    let guard = client.lock(format!("outlived-{task}")).ttl(secs(5)).acquire().await?;
+                    assert_eq!(guard.release().await?, ReleaseOutcome::Released);
+                    granted += 1;
+                }
+                Ok::<_, LockError>(granted)
+            });
+        }
+        let mut results = Vec::new();
+        while let Some(r) = tasks.join_next().await {
+            results.push(r.expect("task panicked"));
+        }
+        results
+    }));
+    let granted: usize = results.into_iter().map(|r| r.expect("every cycle succeeds")).sum();
+    assert_eq!(granted, TASKS * CYCLES);
 }

@@ -102,7 +102,7 @@ struct Slots {
 pub(super) struct Coalescer {
     conn: ConnectionManager,
     slots: Mutex<Slots>,
-    /// Where queue-draining calls run, also when a slot is given back from a `Drop` outside the runtime.
+    /// Where queue-draining calls run when the code giving a slot back is outside any runtime.
     runtime: tokio::runtime::Handle,
 }
 
@@ -149,17 +149,37 @@ impl Coalescer {
         if slots.in_flight < MAX_IN_FLIGHT && !slots.queue.is_empty() {
             slots.in_flight += 1;
             drop(slots);
-            self.runtime.spawn(Arc::clone(self).drain());
+            self.spawn_drainer();
         }
     }
 
-    /// Holds one slot: sends the queue in calls of up to [`MAX_OPS`] until it is empty.
-    async fn drain(self: Arc<Self>) {
+    /// Hands a slot already counted in `in_flight` to a task that drains the queue. The task runs on the
+    /// caller's runtime when there is one (the client may outlive the runtime it was built on), else on the
+    /// one the client was built on.
+    fn spawn_drainer(self: &Arc<Self>) {
+        let drainer = Drainer { coalescer: Arc::clone(self), done: false };
+        let runtime = tokio::runtime::Handle::try_current().unwrap_or_else(|_| self.runtime.clone());
+        runtime.spawn(drainer.run());
+    }
+}
+
+/// Holds one slot and sends the queue in calls of up to [`MAX_OPS`] until it is empty. If its task is dropped
+/// first (its runtime shut down), it gives the slot back and fails what is queued, so nothing waits forever.
+struct Drainer {
+    coalescer: Arc<Coalescer>,
+    done: bool,
+}
+
+impl Drainer {
+    async fn run(mut self) {
         loop {
             let batch: Vec<Queued> = {
-                let mut slots = self.slots();
+                let mut slots = self.coalescer.slots();
                 if slots.queue.is_empty() {
+                    // Given back under the same lock that saw the queue empty: a new operation either was
+                    // taken here or finds the slot free.
                     slots.in_flight -= 1;
+                    self.done = true;
                     return;
                 }
                 let take = slots.queue.len().min(MAX_OPS);
@@ -171,9 +191,20 @@ impl Coalescer {
             if ops.is_empty() {
                 continue;
             }
-            for (reply, result) in replies.into_iter().zip(call(self.conn.clone(), &ops).await) {
+            for (reply, result) in replies.into_iter().zip(call(self.coalescer.conn.clone(), &ops).await) {
                 let _ = reply.send(result);
             }
+        }
+    }
+}
+
+impl Drop for Drainer {
+    fn drop(&mut self) {
+        if !self.done {
+            let mut slots = self.coalescer.slots();
+            slots.in_flight -= 1;
+            // Their senders dropped, the callers get an error instead of waiting for a call that never comes.
+            slots.queue.clear();
         }
     }
 }
@@ -189,13 +220,16 @@ impl Drop for Slot<'_> {
             slots.in_flight -= 1;
         } else {
             drop(slots);
-            coalescer.runtime.spawn(Arc::clone(coalescer).drain());
+            coalescer.spawn_drainer();
         }
     }
 }
 
 fn no_reply() -> Reply {
-    Err(redis::RedisError::from((redis::ErrorKind::Io, "the call for this lock operation was dropped")))
+    Err(redis::RedisError::from((
+        redis::ErrorKind::Io,
+        "the call for this lock operation was dropped (the runtime running it shut down)",
+    )))
 }
 
 /// One script call for `ops` (the single-operation script for one), sent once more if the connection had
