@@ -27,6 +27,8 @@ pub struct Row {
     pub fill_s: f64,
     /// Client commands spent on renewal in one ttl/3 period.
     pub renewal_commands: u64,
+    /// Leases the server extended in that period (PEXPIRE calls inside the renewal scripts).
+    pub renewed: u64,
     /// Commands the server ran in that period, counting those inside scripts.
     pub server_commands: u64,
     /// Client CPU over the period, in % of one core.
@@ -143,6 +145,7 @@ pub async fn distlock(sys: &Arc<Systems>, info: &mut MultiplexedConnection, lock
         ttl,
         fill_s,
         renewal_commands: after.delta(&before, "evalsha") + after.delta(&before, "eval"),
+        renewed: after.delta(&before, "pexpire"),
         // The first snapshot's second INFO is counted in the delta.
         server_commands: after.total.saturating_sub(before.total).saturating_sub(1),
         cpu_pct: cpu.as_secs_f64() / window.as_secs_f64() * 100.0,
@@ -216,6 +219,7 @@ pub async fn raw(
         ttl,
         fill_s,
         renewal_commands: after.delta(&before, "evalsha"),
+        renewed: after.delta(&before, "pexpire"),
         server_commands: after.total.saturating_sub(before.total).saturating_sub(1),
         cpu_pct: cpu.as_secs_f64() / period.as_secs_f64() * 100.0,
         rss_per_lock: rss1.saturating_sub(rss0) as f64 / n,
@@ -266,7 +270,7 @@ pub fn in_child(holder: Holder, url: &str, locks: usize, ttl: Duration) -> Resul
         .find_map(|l| l.strip_prefix("ROW "))
         .ok_or_else(|| format!("the scenario-4 child ({}) gave no result: {}", output.status, stdout.trim()))?;
     let f: Vec<f64> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-    if f.len() != 9 {
+    if f.len() != 10 {
         return Err(format!("bad child line {line:?}"));
     }
     Ok(Row {
@@ -282,6 +286,7 @@ pub fn in_child(holder: Holder, url: &str, locks: usize, ttl: Duration) -> Resul
         lost: f[6] as usize,
         errors: f[7] as u64,
         blocks_per_lock: f[8],
+        renewed: f[9] as u64,
         first_error: None,
     })
 }
@@ -333,7 +338,7 @@ pub fn child(args: &[String]) -> ExitCode {
         eprintln!("scenario 4 ({kind}): {e}");
     }
     println!(
-        "ROW {} {} {} {} {} {} {} {} {}",
+        "ROW {} {} {} {} {} {} {} {} {} {}",
         row.fill_s,
         row.renewal_commands,
         row.server_commands,
@@ -342,7 +347,8 @@ pub fn child(args: &[String]) -> ExitCode {
         row.heap_per_lock,
         row.lost,
         row.errors,
-        row.blocks_per_lock
+        row.blocks_per_lock,
+        row.renewed
     );
     ExitCode::SUCCESS
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use distlock::{Client, LockError, ReleaseOutcome, RetryStrategy};
 use distlock_tests::time::{ms, secs};
-use distlock_tests::{within, Fixture, RedisServer};
+use distlock_tests::{eventually, within, Fixture, RedisServer};
 use redis::aio::MultiplexedConnection;
 use tokio::task::JoinSet;
 
@@ -186,4 +186,60 @@ fn a_client_outliving_its_runtime_still_answers_every_operation() {
     }));
     let granted: usize = results.into_iter().map(|r| r.expect("every cycle succeeds")).sum();
     assert_eq!(granted, TASKS * CYCLES);
+}
+
+/// Calls of `command` the server has run so far, scripts' inner calls included (INFO commandstats).
+async fn command_calls(conn: &mut MultiplexedConnection, command: &str) -> u64 {
+    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.unwrap();
+    let prefix = format!("cmdstat_{command}:");
+    stats
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(|l| l.split(['=', ',']).nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
+/// 50 locks taken together come due for renewal together and are renewed in shared calls. One of them, whose
+/// record another program replaced with a list, fails its renewals and is reported lost; the 49 others,
+/// renewed in the same calls, keep their locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_share_calls_and_a_failing_one_fails_alone() {
+    const LOCKS: usize = 50;
+    let ttl = ms(900);
+
+    let fx = Fixture::redis().await;
+    let mut conn = fx.redis_connection().unwrap();
+    let mut taking = JoinSet::new();
+    for i in 0..LOCKS {
+        let client = fx.client().clone();
+        taking.spawn(async move { (i, client.lock(format!("renewed-{i}")).ttl(ttl).acquire().await.unwrap()) });
+    }
+    let mut guards = Vec::new();
+    while let Some(joined) = taking.join_next().await {
+        guards.push(joined.unwrap());
+    }
+    guards.sort_by_key(|(i, _)| *i);
+    let guards: Vec<_> = guards.into_iter().map(|(_, g)| g).collect();
+    let broken = fx.client().record_key("renewed-0");
+    let _: () = redis::cmd("DEL").arg(&broken).query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("RPUSH").arg(&broken).arg("not a lock").query_async(&mut conn).await.unwrap();
+
+    let (calls_before, renewals_before) = (script_calls(&mut conn).await, command_calls(&mut conn, "pexpire").await);
+    within(secs(10), "the broken lock is reported lost", guards[0].lost()).await;
+    // Two more rounds of renewals for the others (each renews every ttl/3).
+    eventually(secs(10), "the other locks renewed twice more", || {
+        let mut conn = conn.clone();
+        async move { command_calls(&mut conn, "pexpire").await - renewals_before >= 2 * (LOCKS as u64 - 1) }
+    })
+    .await;
+    for (i, guard) in guards.iter().enumerate().skip(1) {
+        assert!(!guard.is_lost(), "renewed-{i} was lost beside the broken lock");
+        assert_eq!(guard.remaining_ttl().await.unwrap().map(|r| r > ttl / 3), Some(true), "renewed-{i}");
+    }
+    let renewals = command_calls(&mut conn, "pexpire").await - renewals_before;
+    let calls = script_calls(&mut conn).await - calls_before;
+    assert!(calls < renewals, "{calls} script calls for {renewals} renewals: none were shared");
+    for guard in guards.into_iter().skip(1) {
+        assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+    }
 }

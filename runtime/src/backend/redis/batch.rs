@@ -14,8 +14,8 @@ use redis::aio::ConnectionManager;
 use redis::{Cmd, Value};
 use tokio::sync::oneshot;
 
-use super::is_noscript;
 use super::scripts::{LuaScript, ACQUIRE, BATCH, RELEASE};
+use super::{is_noscript, unexpected_reply};
 use crate::LockToken;
 
 /// Script calls of acquires and releases outstanding at once on the connection. More calls in flight
@@ -274,9 +274,7 @@ async fn call(mut conn: ConnectionManager, ops: &[Op]) -> Vec<Reply> {
 
 /// Splits a reply into one result per operation.
 fn decode(ops: &[Op], value: Value) -> Vec<Reply> {
-    let unexpected = || -> Reply {
-        Err(redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "unexpected reply to a lock script")))
-    };
+    let unexpected = || -> Reply { Err(unexpected_reply()) };
     match (ops, value) {
         ([Op::Acquire { .. }], Value::Array(pair)) => vec![match pair.as_slice() {
             [Value::Int(code), Value::Int(value)] => Ok((*code, *value)),

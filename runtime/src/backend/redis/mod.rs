@@ -4,18 +4,21 @@
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Cmd, FromRedisValue, IntoConnectionInfo, ProtocolVersion};
+use redis::{Cmd, FromRedisValue, IntoConnectionInfo, ProtocolVersion, Value};
 
 use super::{Attempt, LockKeys, Queueing, ReleaseWatch, Renewal};
 use crate::error::{redact_url, BackendError};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 use self::batch::{Coalescer, Op};
-use self::scripts::{LuaScript, FORCE_UNLOCK, INFO, REMAINING, RENEW, WITHDRAW};
+use self::scripts::{LuaScript, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY, WITHDRAW};
 use self::subscriber::Subscriber;
 
 mod batch;
 mod scripts;
+
+/// Locks renewed per RENEW_MANY call: one call holds redis-server for about a microsecond per lock.
+const RENEWALS_PER_CALL: usize = 256;
 mod subscriber;
 
 /// What connecting needs from the builder.
@@ -122,7 +125,7 @@ impl RedisBackend {
         }
         self.probe_lock_cycle(prefix).await?;
         // Cached now, so the first burst of renewals after a restart of this process needs no EVAL fallback.
-        for script in [&*RENEW, &*REMAINING, &*INFO, &*FORCE_UNLOCK, &*scripts::BATCH] {
+        for script in [&*RENEW, &*RENEW_MANY, &*REMAINING, &*INFO, &*FORCE_UNLOCK, &*scripts::BATCH] {
             let _: redis::RedisResult<String> =
                 redis::cmd("SCRIPT").arg("LOAD").arg(script.source).query_async(&mut conn).await;
         }
@@ -264,37 +267,67 @@ impl RedisBackend {
         Ok(renewed == 1)
     }
 
-    /// One pipeline of EVALSHA renewals; if the server lost its script cache, once more as EVAL.
+    /// The renewals in one round trip: one RENEW_MANY call per [`RENEWALS_PER_CALL`] locks, pipelined; if the
+    /// server lost its script cache, once more as EVAL.
     pub(crate) async fn renew_many(&self, items: &[Renewal<'_>]) -> Result<Vec<Result<bool, LockError>>, LockError> {
         let pipeline = |by_source: bool| {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
-            for item in items {
-                let cmd =
-                    if by_source { pipe.cmd("EVAL").arg(RENEW.source) } else { pipe.cmd("EVALSHA").arg(&RENEW.sha) };
-                cmd.arg(1).arg(&item.keys.record).arg(item.token.as_str()).arg(millis(item.ttl));
+            for chunk in items.chunks(RENEWALS_PER_CALL) {
+                let cmd = if by_source {
+                    pipe.cmd("EVAL").arg(RENEW_MANY.source)
+                } else {
+                    pipe.cmd("EVALSHA").arg(&RENEW_MANY.sha)
+                };
+                cmd.arg(chunk.len());
+                for item in chunk {
+                    cmd.arg(&item.keys.record);
+                }
+                for item in chunk {
+                    cmd.arg(item.token.as_str()).arg(millis(item.ttl));
+                }
             }
             pipe
         };
         let mut conn = self.commands.clone();
         let failed = |e| BackendError::new(&self.server, None, e);
-        let mut replies: Vec<redis::RedisResult<i64>> = pipeline(false).query_async(&mut conn).await.map_err(failed)?;
+        let mut replies: Vec<redis::RedisResult<Value>> =
+            pipeline(false).query_async(&mut conn).await.map_err(failed)?;
         if replies.iter().any(|r| r.as_ref().is_err_and(is_noscript)) {
             replies = pipeline(true).query_async(&mut conn).await.map_err(failed)?;
         }
+        // One reply per lock, in order: each call's results, or its error for each of its locks.
+        let mut renewed: Vec<redis::RedisResult<bool>> = Vec::with_capacity(items.len());
+        for (reply, chunk) in replies.into_iter().zip(items.chunks(RENEWALS_PER_CALL)) {
+            match reply {
+                Ok(Value::Array(results)) if results.len() == chunk.len() => {
+                    renewed.extend(results.into_iter().map(|result| match result {
+                        Value::Int(n) => Ok(n == 1),
+                        Value::BulkString(message) => Err(redis::RedisError::from((
+                            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+                            "the renewal script failed",
+                            String::from_utf8_lossy(&message).into_owned(),
+                        ))),
+                        _ => Err(unexpected_reply()),
+                    }));
+                }
+                Ok(_) => renewed.extend(chunk.iter().map(|_| Err(unexpected_reply()))),
+                Err(e) => renewed.extend(chunk.iter().map(|_| Err(e.clone()))),
+            }
+        }
         // One WAIT covers the whole batch: a renewal the replicas did not get does not count (it is retried).
         let shortfall = self.replication_shortfall().await;
-        Ok(replies
+        Ok(renewed
             .into_iter()
             .zip(items)
             .map(|(reply, item)| match (reply, &shortfall) {
-                (Ok(1), Ok(Some((acknowledged, required)))) => Err(LockError::NotReplicated {
+                (Ok(true), Ok(Some((acknowledged, required)))) => Err(LockError::NotReplicated {
                     key: item.keys.name.clone(),
                     acknowledged: *acknowledged,
                     required: *required,
                 }),
-                (Ok(1), Err(e)) => Err(self.error(item.keys, e.clone())),
-                (reply, _) => reply.map(|renewed| renewed == 1).map_err(|e| self.error(item.keys, e)),
+                (Ok(true), Err(e)) => Err(self.error(item.keys, e.clone())),
+                (reply, _) => reply.map_err(|e| self.error(item.keys, e)),
             })
             .collect())
     }
@@ -360,6 +393,10 @@ impl RedisBackend {
 
 fn is_noscript(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+fn unexpected_reply() -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "unexpected reply to a lock script"))
 }
 
 fn millis(d: Duration) -> u64 {

@@ -230,13 +230,38 @@ return out"
     ))
 });
 
-/// ARGV: token, ttl ms. 1 when renewed, 0 when the token no longer owns the lock.
-pub(super) static RENEW: Lazy<LuaScript> = Lazy::new(|| {
-    LuaScript::new(
-        r"local v = redis.call('get', KEYS[1])
-if v and string.sub(v, 1, 32) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
-return 0",
-    )
+/// `renew(R, token, ttl ms)` → 1 when renewed, 0 when the token no longer owns the lock.
+macro_rules! renew_fn {
+    () => {
+        r"local function renew(R, token, ttl)
+  local v = redis.call('get', R)
+  if v and string.sub(v, 1, 32) == token then return redis.call('pexpire', R, ttl) end
+  return 0
+end
+"
+    };
+}
+
+/// ARGV: token, ttl ms. As `renew`.
+pub(super) static RENEW: Lazy<LuaScript> =
+    Lazy::new(|| LuaScript::new(concat!(renew_fn!(), "return renew(KEYS[1], ARGV[1], ARGV[2])")));
+
+/// The renewals that came due together, in one call: KEYS the records, ARGV each one's token and ttl ms in
+/// order. One result per lock, as `renew`, or the error message when that lock's renewal failed.
+pub(super) static RENEW_MANY: Lazy<LuaScript> = Lazy::new(|| {
+    LuaScript::new(concat!(
+        renew_fn!(),
+        r"local out = {}
+for i = 1, #KEYS do
+  local ok, result = pcall(renew, KEYS[i], ARGV[2 * i - 1], ARGV[2 * i])
+  if ok then
+    out[i] = result
+  else
+    out[i] = type(result) == 'table' and result.err or tostring(result)
+  end
+end
+return out"
+    ))
 });
 
 /// ARGV: token. Leaves the queue; the fence if the lock was handed to this token meanwhile, else -1.
