@@ -12,12 +12,18 @@ use distlock_tests::{eventually, within, Fixture, RedisServer};
 use redis::aio::MultiplexedConnection;
 use tokio::task::JoinSet;
 
-/// Script calls (EVALSHA and EVAL) the server has run so far, from INFO commandstats.
+/// Script calls (EVALSHA and EVAL) the server has run so far.
 async fn script_calls(conn: &mut MultiplexedConnection) -> u64 {
+    command_calls(conn, "evalsha").await + command_calls(conn, "eval").await
+}
+
+/// Calls of `command` the server has run so far, scripts' inner calls included (INFO commandstats).
+async fn command_calls(conn: &mut MultiplexedConnection, command: &str) -> u64 {
     let stats: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.unwrap();
+    let prefix = format!("cmdstat_{command}:");
     stats
         .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| l.starts_with(&prefix))
         .filter_map(|l| l.split(['=', ',']).nth(1)?.parse::<u64>().ok())
         .sum()
 }
@@ -186,17 +192,6 @@ fn a_client_outliving_its_runtime_still_answers_every_operation() {
     }));
     let granted: usize = results.into_iter().map(|r| r.expect("every cycle succeeds")).sum();
     assert_eq!(granted, TASKS * CYCLES);
-}
-
-/// Calls of `command` the server has run so far, scripts' inner calls included (INFO commandstats).
-async fn command_calls(conn: &mut MultiplexedConnection, command: &str) -> u64 {
-    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.unwrap();
-    let prefix = format!("cmdstat_{command}:");
-    stats
-        .lines()
-        .filter(|l| l.starts_with(&prefix))
-        .filter_map(|l| l.split(['=', ',']).nth(1)?.parse::<u64>().ok())
-        .sum()
 }
 
 /// 50 locks taken together come due for renewal together and are renewed in shared calls. One of them, whose

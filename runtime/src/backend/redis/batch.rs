@@ -15,7 +15,7 @@ use redis::{Cmd, Value};
 use tokio::sync::oneshot;
 
 use super::scripts::{LuaScript, ACQUIRE, BATCH, RELEASE};
-use super::{is_noscript, unexpected_reply};
+use super::{failed_in_script, is_noscript, unexpected_reply};
 use crate::LockToken;
 
 /// Script calls of acquires and releases outstanding at once on the connection. More calls in flight
@@ -285,11 +285,7 @@ fn decode(ops: &[Op], value: Value) -> Vec<Reply> {
             .chunks(2)
             .map(|pair| match pair {
                 [Value::Int(code), Value::Int(value)] if *code >= 0 => Ok((*code, *value)),
-                [Value::Int(-1), Value::BulkString(message)] => Err(redis::RedisError::from((
-                    redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
-                    "the lock script failed",
-                    String::from_utf8_lossy(message).into_owned(),
-                ))),
+                [Value::Int(-1), Value::BulkString(message)] => Err(failed_in_script(message)),
                 _ => unexpected(),
             })
             .collect(),

@@ -303,11 +303,7 @@ impl RedisBackend {
                 Ok(Value::Array(results)) if results.len() == chunk.len() => {
                     renewed.extend(results.into_iter().map(|result| match result {
                         Value::Int(n) => Ok(n == 1),
-                        Value::BulkString(message) => Err(redis::RedisError::from((
-                            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
-                            "the renewal script failed",
-                            String::from_utf8_lossy(&message).into_owned(),
-                        ))),
+                        Value::BulkString(message) => Err(failed_in_script(&message)),
                         _ => Err(unexpected_reply()),
                     }));
                 }
@@ -393,6 +389,15 @@ impl RedisBackend {
 
 fn is_noscript(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// The error a script serving several locks reported for one of them (it ran each lock under `pcall`).
+fn failed_in_script(message: &[u8]) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+        "the lock script failed",
+        String::from_utf8_lossy(message).into_owned(),
+    ))
 }
 
 fn unexpected_reply() -> redis::RedisError {
