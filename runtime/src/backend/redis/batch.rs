@@ -8,6 +8,7 @@
 //! [`MAX_OPS`]) with it on its next trip, in a task of its own, so no caller's cancellation strands another's
 //! operation.
 
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use redis::aio::ConnectionManager;
@@ -15,7 +16,7 @@ use redis::{Cmd, Value};
 use tokio::sync::oneshot;
 
 use super::scripts::{LuaScript, ACQUIRE, BATCH, RELEASE};
-use super::{failed_in_script, is_noscript, unexpected_reply};
+use super::{failed_in_script, send_script, unexpected_reply};
 use crate::LockToken;
 
 /// Script calls of acquires and releases outstanding at once on the connection. More calls in flight
@@ -26,16 +27,40 @@ const MAX_IN_FLIGHT: usize = 3;
 /// Operations in one call at most, so one call never holds redis-server for long (about 4 µs each).
 const MAX_OPS: usize = 64;
 
-/// An acquire or release, with everything its script needs.
+/// An acquire or release, with everything its script needs. Borrowed while its caller sends it; owned
+/// only once it has to wait in the queue.
 #[derive(Debug)]
-pub(super) enum Op {
+pub(super) enum Op<'a> {
     /// ARGV of [`ACQUIRE`]: token, ttl ms, metadata, register ms (0: do not queue), hand-over lease ms.
-    Acquire { record: String, token: LockToken, ttl_ms: u64, metadata: String, register_ms: u64, lease_ms: u64 },
+    Acquire {
+        record: Cow<'a, str>,
+        token: LockToken,
+        ttl_ms: u64,
+        metadata: Cow<'a, str>,
+        register_ms: u64,
+        lease_ms: u64,
+    },
     /// ARGV of [`RELEASE`]: token, keep ms (0: free it now).
-    Release { record: String, token: LockToken, keep_ms: u64 },
+    Release { record: Cow<'a, str>, token: LockToken, keep_ms: u64 },
 }
 
-impl Op {
+impl Op<'_> {
+    fn into_owned(self) -> Op<'static> {
+        match self {
+            Op::Acquire { record, token, ttl_ms, metadata, register_ms, lease_ms } => Op::Acquire {
+                record: Cow::Owned(record.into_owned()),
+                token,
+                ttl_ms,
+                metadata: Cow::Owned(metadata.into_owned()),
+                register_ms,
+                lease_ms,
+            },
+            Op::Release { record, token, keep_ms } => {
+                Op::Release { record: Cow::Owned(record.into_owned()), token, keep_ms }
+            }
+        }
+    }
+
     fn record(&self) -> &str {
         match self {
             Op::Acquire { record, .. } | Op::Release { record, .. } => record,
@@ -63,7 +88,7 @@ impl Op {
     fn write_args(&self, cmd: &mut Cmd) {
         match self {
             Op::Acquire { token, ttl_ms, metadata, register_ms, lease_ms, .. } => {
-                cmd.arg(token.as_str()).arg(ttl_ms).arg(metadata);
+                cmd.arg(token.as_str()).arg(ttl_ms).arg(metadata.as_ref());
                 if *register_ms > 0 {
                     cmd.arg(register_ms).arg(lease_ms);
                 }
@@ -82,13 +107,13 @@ impl Op {
 pub(super) type Reply = redis::RedisResult<(i64, i64)>;
 
 /// Whether an operation goes out at once, in a slot of its own, or waits for the next call to come back.
-enum Turn {
-    Now(Op),
+enum Turn<'a> {
+    Now(Op<'a>),
     Queued(oneshot::Receiver<Reply>),
 }
 
 struct Queued {
-    op: Op,
+    op: Op<'static>,
     reply: oneshot::Sender<Reply>,
 }
 
@@ -118,7 +143,7 @@ impl Coalescer {
     }
 
     /// Runs `op`: at once in its own call if a slot is free, else in the next call that comes back.
-    pub(super) async fn run(self: &Arc<Self>, op: Op) -> Reply {
+    pub(super) async fn run(self: &Arc<Self>, op: Op<'_>) -> Reply {
         let turn = {
             let mut slots = self.slots();
             if slots.in_flight < MAX_IN_FLIGHT && slots.queue.is_empty() {
@@ -126,7 +151,7 @@ impl Coalescer {
                 Turn::Now(op)
             } else {
                 let (reply, receiver) = oneshot::channel();
-                slots.queue.push(Queued { op, reply });
+                slots.queue.push(Queued { op: op.into_owned(), reply });
                 Turn::Queued(receiver)
             }
         };
@@ -134,7 +159,7 @@ impl Coalescer {
             Turn::Now(op) => {
                 // Gives the slot back however this future ends, cancellation included.
                 let _slot = Slot(self);
-                call(self.conn.clone(), std::slice::from_ref(&op)).await.pop().unwrap_or_else(no_reply)
+                call_one(self.conn.clone(), &op).await
             }
             Turn::Queued(receiver) => {
                 self.start_draining_if_idle();
@@ -186,12 +211,12 @@ impl Drainer {
                 slots.queue.drain(..take).collect()
             };
             // An operation whose caller is gone (a cancelled acquire) is not sent: its cleanup finds nothing.
-            let (ops, replies): (Vec<Op>, Vec<oneshot::Sender<Reply>>) =
+            let (ops, replies): (Vec<Op<'static>>, Vec<oneshot::Sender<Reply>>) =
                 batch.into_iter().filter(|q| !q.reply.is_closed()).map(|q| (q.op, q.reply)).unzip();
             if ops.is_empty() {
                 continue;
             }
-            for (reply, result) in replies.into_iter().zip(call(self.coalescer.conn.clone(), &ops).await) {
+            for (reply, result) in replies.into_iter().zip(call_many(self.coalescer.conn.clone(), &ops).await) {
                 let _ = reply.send(result);
             }
         }
@@ -232,63 +257,59 @@ fn no_reply() -> Reply {
     )))
 }
 
-/// One script call for `ops` (the single-operation script for one), sent once more if the connection had
-/// dropped, and as EVAL if the server lost its script cache. One reply per operation, in order.
-async fn call(mut conn: ConnectionManager, ops: &[Op]) -> Vec<Reply> {
-    let build = |by_source: bool| {
-        let (script, batched) = match ops {
-            [op] => (op.script(), false),
-            _ => (&*BATCH, true),
-        };
-        let mut cmd = Cmd::with_capacity(4 + ops.len() * 5, 64 + 96 * ops.len());
-        if by_source {
-            cmd.arg("EVAL").arg(script.source);
-        } else {
-            cmd.arg("EVALSHA").arg(&script.sha);
-        }
-        cmd.arg(ops.len());
-        for op in ops {
-            cmd.arg(op.record());
-        }
-        if batched {
-            cmd.arg(ops.iter().map(Op::letter).collect::<String>());
-        }
-        for op in ops {
-            op.write_args(&mut cmd);
-        }
-        cmd
+/// The script call for `ops`: the single-operation script for one, [`BATCH`] for several.
+fn command(ops: &[Op<'_>], by_source: bool) -> Cmd {
+    let (script, batched) = match ops {
+        [op] => (op.script(), false),
+        _ => (&*BATCH, true),
     };
-    let cmd = build(false);
-    let mut reply = cmd.query_async::<Value>(&mut conn).await;
-    if reply.as_ref().is_err_and(redis::RedisError::is_connection_dropped) {
-        reply = cmd.query_async(&mut conn).await;
+    let mut cmd = Cmd::with_capacity(4 + ops.len() * 5, 64 + 96 * ops.len());
+    if by_source {
+        cmd.arg("EVAL").arg(script.source);
+    } else {
+        cmd.arg("EVALSHA").arg(&script.sha);
     }
-    if reply.as_ref().is_err_and(is_noscript) {
-        reply = build(true).query_async(&mut conn).await;
+    cmd.arg(ops.len());
+    for op in ops {
+        cmd.arg(op.record());
     }
-    match reply {
-        Ok(value) => decode(ops, value),
-        Err(e) => ops.iter().map(|_| Err(e.clone())).collect(),
+    if batched {
+        cmd.arg(ops.iter().map(Op::letter).collect::<String>());
+    }
+    for op in ops {
+        op.write_args(&mut cmd);
+    }
+    cmd
+}
+
+/// One operation in a call of its own.
+async fn call_one(mut conn: ConnectionManager, op: &Op<'_>) -> Reply {
+    let value: Value = send_script(&mut conn, |by_source| command(std::slice::from_ref(op), by_source)).await?;
+    match (op, value) {
+        (Op::Acquire { .. }, Value::Array(pair)) => match pair.as_slice() {
+            [Value::Int(code), Value::Int(value)] => Ok((*code, *value)),
+            _ => Err(unexpected_reply()),
+        },
+        (Op::Release { .. }, Value::Int(code)) => Ok((code, 0)),
+        _ => Err(unexpected_reply()),
     }
 }
 
-/// Splits a reply into one result per operation.
-fn decode(ops: &[Op], value: Value) -> Vec<Reply> {
-    let unexpected = || -> Reply { Err(unexpected_reply()) };
-    match (ops, value) {
-        ([Op::Acquire { .. }], Value::Array(pair)) => vec![match pair.as_slice() {
-            [Value::Int(code), Value::Int(value)] => Ok((*code, *value)),
-            _ => unexpected(),
-        }],
-        ([Op::Release { .. }], Value::Int(code)) => vec![Ok((code, 0))],
-        (_, Value::Array(items)) if ops.len() > 1 && items.len() == 2 * ops.len() => items
+/// Several operations in one call; one reply per operation, in order.
+async fn call_many(mut conn: ConnectionManager, ops: &[Op<'_>]) -> Vec<Reply> {
+    if let [op] = ops {
+        return vec![call_one(conn, op).await];
+    }
+    match send_script(&mut conn, |by_source| command(ops, by_source)).await {
+        Ok(Value::Array(items)) if items.len() == 2 * ops.len() => items
             .chunks(2)
             .map(|pair| match pair {
                 [Value::Int(code), Value::Int(value)] if *code >= 0 => Ok((*code, *value)),
                 [Value::Int(-1), Value::BulkString(message)] => Err(failed_in_script(message)),
-                _ => unexpected(),
+                _ => Err(unexpected_reply()),
             })
             .collect(),
-        _ => ops.iter().map(|_| unexpected()).collect(),
+        Ok(_) => ops.iter().map(|_| Err(unexpected_reply())).collect(),
+        Err(e) => ops.iter().map(|_| Err(e.clone())).collect(),
     }
 }

@@ -1,6 +1,7 @@
 //! The Redis backend: every operation is one Lua script call (one round trip), keys and values passed only
 //! through KEYS and ARGV. Waiters queue in Redis and hear hand-overs on one shared RESP3 subscriber connection.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -16,10 +17,10 @@ use self::subscriber::Subscriber;
 
 mod batch;
 mod scripts;
+mod subscriber;
 
 /// Locks renewed per RENEW_MANY call: one call holds redis-server for about a microsecond per lock.
 const RENEWALS_PER_CALL: usize = 256;
-mod subscriber;
 
 /// What connecting needs from the builder.
 #[derive(Debug, Clone, Copy)]
@@ -163,9 +164,7 @@ impl RedisBackend {
         BackendError::new(&self.server, Some(&keys.name), e).into()
     }
 
-    /// EVALSHA, falling back to EVAL when the server lost its script cache, and sent once more at once when
-    /// the connection had dropped (the manager reconnects on the failed call). Every script is keyed by the
-    /// grant's token, so a repeat is safe: a repeated acquire finds its own grant.
+    /// One script call about `keys`'s lock (see [`send_script`]).
     async fn eval<T: FromRedisValue>(
         &self,
         script: &LuaScript,
@@ -173,20 +172,18 @@ impl RedisBackend {
         build: impl Fn(&mut Cmd),
     ) -> Result<T, LockError> {
         let mut conn = self.commands.clone();
-        let mut cmd = Cmd::with_capacity(12, 256);
-        cmd.arg("EVALSHA").arg(&script.sha);
-        build(&mut cmd);
-        let mut reply = cmd.query_async(&mut conn).await;
-        if reply.as_ref().is_err_and(redis::RedisError::is_connection_dropped) {
-            reply = cmd.query_async(&mut conn).await;
-        }
-        if reply.as_ref().is_err_and(is_noscript) {
-            let mut cmd = redis::cmd("EVAL");
-            cmd.arg(script.source);
+        send_script(&mut conn, |by_source| {
+            let mut cmd = Cmd::with_capacity(12, 256);
+            if by_source {
+                cmd.arg("EVAL").arg(script.source);
+            } else {
+                cmd.arg("EVALSHA").arg(&script.sha);
+            }
             build(&mut cmd);
-            reply = cmd.query_async(&mut conn).await;
-        }
-        reply.map_err(|e| self.error(keys, e))
+            cmd
+        })
+        .await
+        .map_err(|e| self.error(keys, e))
     }
 
     pub(crate) async fn acquire(
@@ -199,10 +196,10 @@ impl RedisBackend {
     ) -> Result<Attempt, LockError> {
         let (register, lease) = queueing.map_or((0, 0), |q| (millis(q.register), millis(q.lease)));
         let op = Op::Acquire {
-            record: keys.record.clone(),
+            record: Cow::Borrowed(&keys.record),
             token: token.clone(),
             ttl_ms: millis(ttl),
-            metadata: metadata.to_owned(),
+            metadata: Cow::Borrowed(metadata),
             register_ms: register,
             lease_ms: lease,
         };
@@ -336,7 +333,7 @@ impl RedisBackend {
     ) -> Result<ReleaseOutcome, LockError> {
         // A keep that rounds to 0 ms would mean "delete": keep at least 1 ms.
         let keep_ms = keep.map_or(0, |k| millis(k).max(1));
-        let op = Op::Release { record: keys.record.clone(), token: token.clone(), keep_ms };
+        let op = Op::Release { record: Cow::Borrowed(&keys.record), token: token.clone(), keep_ms };
         let (outcome, _) = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
         Ok(match outcome {
             1 => ReleaseOutcome::Released,
@@ -385,6 +382,25 @@ impl RedisBackend {
     pub(crate) async fn watch_releases(&self, keys: &LockKeys, token: &LockToken) -> Result<ReleaseWatch, LockError> {
         self.subscriber.watch(&keys.channel(), token).await.map_err(|e| self.error(keys, e))
     }
+}
+
+/// Sends the script call `build` makes (EVALSHA; EVAL with the source when asked `by_source`): once more at
+/// once if the connection had dropped (the manager reconnects on the failed call), and as EVAL if the server
+/// lost its script cache. Every script is keyed by the grants' tokens, so a repeat is safe: a repeated
+/// acquire finds its own grant.
+async fn send_script<T: FromRedisValue>(
+    conn: &mut ConnectionManager,
+    build: impl Fn(bool) -> Cmd,
+) -> redis::RedisResult<T> {
+    let cmd = build(false);
+    let mut reply = cmd.query_async(conn).await;
+    if reply.as_ref().is_err_and(redis::RedisError::is_connection_dropped) {
+        reply = cmd.query_async(conn).await;
+    }
+    if reply.as_ref().is_err_and(is_noscript) {
+        reply = build(true).query_async(conn).await;
+    }
+    reply
 }
 
 fn is_noscript(e: &redis::RedisError) -> bool {
