@@ -1,12 +1,17 @@
 //! Taking a lock: one round trip when it is free; otherwise the request joins the lock's wait queue, listens
 //! for the hand-over that a release makes to the longest waiter, and refreshes its place now and then (which
 //! also notices a holder that crashed).
+//!
+//! Leases follow the rule written on [`Lease`]: a grant or claim counts from its own attempt's send, for the
+//! lease in its reply; an announced hand-over only when it is provably newer than the last busy attempt. What
+//! cannot be dated that way is claimed by one more attempt, and a hand-over that lapsed never ends the wait:
+//! the waiter keeps its place until `wait` runs out, and gives back any grant it cannot use.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Announcement, Attempt, LockKeys, Queueing};
+use crate::backend::{Announcement, Attempt, Hold, LockKeys, Queueing};
 use crate::grant::{Grant, Lease};
 use crate::{Client, LockError, LockGuard, LockRequest, LockToken, RetryStrategy};
 
@@ -16,12 +21,12 @@ const RETRY_AFTER_ERROR: Duration = Duration::from_millis(50);
 /// When to give up if `wait` is effectively forever.
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 86_400);
 
-/// The last attempt that found the lock busy: a hand-over to this waiter happened after it was sent, so its
-/// send time is a safe start for the handed-over lease.
+/// The last attempt that found another grant holding the lock. A hand-over to this waiter with a higher
+/// fencing token than that grant's happened after this attempt reached the server, so after its send.
 #[derive(Debug, Clone, Copy)]
 struct BusyAttempt {
     sent: Instant,
-    queueing: Option<Queueing>,
+    fence: u64,
 }
 
 pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockError> {
@@ -46,7 +51,7 @@ pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockE
         {
             Ok(attempt) => attempt,
             // While waiting, a passing failure (a reconnect) costs a retry, not the request. The same token
-            // is sent again, so a grant the failed attempt made is found and used.
+            // is sent again, so a grant the failed attempt made is found and claimed.
             Err(e) if last_busy.is_some() && Instant::now() + RETRY_AFTER_ERROR < deadline => {
                 tracing::debug!(key = %pending.keys.name, error = %e, "distlock: attempt failed while waiting; retrying");
                 tokio::time::sleep(RETRY_AFTER_ERROR).await;
@@ -54,22 +59,28 @@ pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockE
             }
             Err(e) => return Err(e),
         };
-        pending.in_flight = false;
         let remaining = match attempt {
-            Attempt::Granted { fence } => {
-                let lease = Lease::starting(request.ttl, sent);
-                return grant(request, pending, fence, lease, started);
+            Attempt::Granted(hold) => {
+                let lease = Lease::granted(request.ttl, sent, hold.lease);
+                if !lease.is_lost() {
+                    return Ok(grant(request, pending, hold.fence, lease));
+                }
+                // The reply came too late to use (this task stalled while it was on its way), yet the server
+                // holds the lock for this token: the next attempt claims it afresh, if the wait allows.
+                if Instant::now() < deadline && request.retry != RetryStrategy::None {
+                    continue;
+                }
+                return give_back(request, pending, started).await;
             }
-            Attempt::HandedOver { fence } => {
-                let lease = handed_over_lease(&request, last_busy, sent);
-                return grant(request, pending, fence, lease, started);
+            Attempt::Busy { fence, remaining } => {
+                last_busy = Some(BusyAttempt { sent, fence });
+                remaining
             }
-            Attempt::Busy { remaining } => remaining,
         };
-        last_busy = Some(BusyAttempt { sent, queueing });
+        pending.in_flight = false;
         let now = Instant::now();
         if now >= deadline || request.retry == RetryStrategy::None {
-            return give_up(request, pending, last_busy, started).await;
+            return give_up(request, pending, started).await;
         }
         let Some(releases) = releases.as_mut() else {
             releases = Some(backend.watch_releases(&pending.keys, &pending.token).await?);
@@ -82,8 +93,8 @@ pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockE
         let handed = loop {
             tokio::select! {
                 announcement = releases.next() => {
-                    if let Some(fence) = announcement.handed_to(&pending.token) {
-                        break Some(fence);
+                    if let Some(hold) = announcement.handed_to(&pending.token) {
+                        break Some(hold);
                     }
                     if announcement == Announcement::Retry {
                         break None;
@@ -92,67 +103,61 @@ pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockE
                 () = tokio::time::sleep_until(until) => break None,
             }
         };
-        if let Some(fence) = handed {
-            // With replica acknowledgement the hand-over is claimed by the next attempt instead, whose write
-            // the replicas must acknowledge.
-            if !backend.waits_for_replicas() {
-                let lease = handed_over_lease(&request, last_busy, Instant::now());
-                return grant(request, pending, fence, lease, started);
-            }
+        // With replica acknowledgement a hand-over is always claimed, as the claim's write must be acknowledged.
+        let fresh = handed.filter(|_| !backend.waits_for_replicas()).and_then(|h| announced(&request, last_busy, h));
+        if let Some((fence, lease)) = fresh.filter(|(_, lease)| !lease.is_lost()) {
+            return Ok(grant(request, pending, fence, lease));
         }
+        // Otherwise the next attempt, sent now, claims a live hand-over with a lease dated from its own send, or
+        // finds the lock busy and keeps this waiter's place.
     }
 }
 
 /// The wait ran out: leave the queue, unless the lock was handed to us at the last moment.
-async fn give_up(
-    request: LockRequest,
-    mut pending: Pending,
-    last_busy: Option<BusyAttempt>,
-    started: Instant,
-) -> Result<LockGuard, LockError> {
+async fn give_up(request: LockRequest, mut pending: Pending, started: Instant) -> Result<LockGuard, LockError> {
     if pending.queued {
         let backend = &request.client.inner.backend;
+        let sent = Instant::now();
         let handed = backend.withdraw(&pending.keys, &pending.token).await?;
         pending.queued = false;
-        if let Some(mut fence) = handed {
-            if backend.waits_for_replicas() {
-                // Claimed by one more attempt, whose write the replicas must acknowledge.
-                pending.in_flight = true;
-                let (keys, token) = (&pending.keys, &pending.token);
-                let claim = backend.acquire(keys, token, request.ttl, &request.metadata, None).await?;
-                pending.in_flight = false;
-                match claim {
-                    Attempt::Granted { fence: f } | Attempt::HandedOver { fence: f } => fence = f,
-                    Attempt::Busy { .. } => {
-                        return Err(LockError::NotObtained { key: keys.name.clone(), waited: started.elapsed() })
-                    }
-                }
+        if let Some(hold) = handed {
+            let lease = Lease::granted(request.ttl, sent, hold.lease);
+            // With replica acknowledgement, nobody waited for the hand-over's write: it cannot count.
+            if !lease.is_lost() && !backend.waits_for_replicas() {
+                return Ok(grant(request, pending, hold.fence, lease));
             }
-            let lease = handed_over_lease(&request, last_busy, Instant::now());
-            return grant(request, pending, fence, lease, started);
+            return give_back(request, pending, started).await;
         }
     }
     let (keys, _) = pending.finish();
     Err(LockError::NotObtained { key: keys.name, waited: started.elapsed() })
 }
 
-fn grant(
-    request: LockRequest,
-    pending: Pending,
-    fence: u64,
-    lease: Lease,
-    started: Instant,
-) -> Result<LockGuard, LockError> {
-    let (keys, token) = pending.finish();
-    let grant = Grant::new(request.client, keys, token, fence, lease, request.limits);
-    // A guard is made even when the grant came too late to use, so that dropping it releases.
-    let guard = LockGuard::new(grant);
-    if guard.is_lost() {
-        let key = guard.key().to_owned();
-        drop(guard);
-        return Err(LockError::NotObtained { key, waited: started.elapsed() });
+/// The server holds the lock for this request, which cannot use it (the reply came too late, or it needs an
+/// acknowledgement nobody waited for): release it, by token, so it is not left held, and report the wait lost.
+async fn give_back(request: LockRequest, mut pending: Pending, started: Instant) -> Result<LockGuard, LockError> {
+    pending.in_flight = true;
+    let backend = &request.client.inner.backend;
+    if backend.release(&pending.keys, &pending.token, None).await.is_ok() {
+        pending.in_flight = false;
     }
-    Ok(guard)
+    // If the release failed, dropping `pending` tries once more in the background.
+    let key = pending.keys.name.clone();
+    drop(pending);
+    Err(LockError::NotObtained { key, waited: started.elapsed() })
+}
+
+fn grant(request: LockRequest, pending: Pending, fence: u64, lease: Lease) -> LockGuard {
+    let (keys, token) = pending.finish();
+    LockGuard::new(Grant::new(request.client, keys, token, fence, lease, request.limits))
+}
+
+/// A hand-over heard as an announcement, with its lease, if provably fresh: its fencing token is above that of
+/// the grant the last busy attempt found, so it happened after that attempt was sent, and its lease counts
+/// from there. `None` for a stale one (a hand-over that lapsed before that attempt reached the server).
+fn announced(request: &LockRequest, last_busy: Option<BusyAttempt>, hold: Hold) -> Option<(u64, Lease)> {
+    let busy = last_busy.filter(|busy| hold.fence > busy.fence)?;
+    Some((hold.fence, Lease::granted(request.ttl, busy.sent, hold.lease)))
 }
 
 /// How long between refreshes of a waiter's place: the retry strategy's delay, at most a third of the lease.
@@ -164,17 +169,6 @@ fn refresh_interval(request: &LockRequest, retry: u32) -> Duration {
 fn queueing(request: &LockRequest, retry: u32) -> Queueing {
     let register = refresh_interval(request, retry) * 3 + Duration::from_millis(100);
     Queueing { register, lease: register.min(request.ttl) }
-}
-
-/// The lease of a hand-over: it started after the last busy attempt was sent, and lasts the hand-over lease
-/// that attempt registered; the first renewal (due at once) restores the full `ttl`.
-fn handed_over_lease(request: &LockRequest, last_busy: Option<BusyAttempt>, fallback: Instant) -> Lease {
-    let (since, lease) = match last_busy {
-        Some(BusyAttempt { sent, queueing: Some(q) }) => (sent, q.lease),
-        Some(BusyAttempt { sent, queueing: None }) => (sent, request.ttl),
-        None => (fallback, request.ttl),
-    };
-    Lease::handed_over(request.ttl, lease, since)
 }
 
 /// A request under way: its lock names and token. If it is dropped (cancelled) or fails while an attempt
@@ -212,7 +206,7 @@ impl Drop for Pending {
         let (keys, token) = (std::mem::take(&mut self.keys), std::mem::replace(&mut self.token, LockToken::blank()));
         runtime.spawn(async move {
             let backend = &client.inner.backend;
-            let ours = if queued { backend.withdraw(&keys, &token).await.map(|fence| fence.is_some()) } else { Ok(true) };
+            let ours = if queued { backend.withdraw(&keys, &token).await.map(|hold| hold.is_some()) } else { Ok(true) };
             // Released only if the record still carries this token; otherwise the script leaves it alone.
             let outcome = match ours {
                 Ok(true) => backend.release(&keys, &token, None).await.map(drop),

@@ -17,39 +17,43 @@ pub(crate) fn drift(ttl: Duration) -> Duration {
 }
 
 /// The lease as this process knows it, in monotonic time.
+///
+/// **Invariant: `valid_until` never lies past the server's expiry of the grant.** Every lease counts from an
+/// instant taken *before* a request the server answered was sent, for no more than the lease the server says
+/// it set, less the drift allowance; where the outcome is unknown, the worse one is assumed:
+/// - a grant or a claimed hand-over: the acquire's send + the lease in its reply (the server's PTTL);
+/// - a hand-over heard as an announcement: the send of the last attempt that found another grant holding the
+///   lock, provided the announced fencing token is above that grant's (so the hand-over happened after that
+///   attempt reached the server) + the announced hand-over lease;
+/// - a renewal or extend: its send + the ttl it set; a reply that comes back after `valid_until` counts for
+///   nothing (a lock seen lost never comes back);
+/// - an extend whose outcome is unknown (a timeout, `NotReplicated`): the earlier of the old deadline and
+///   the one the extend would have set, as the server may have applied it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Lease {
     /// The lease length renewals ask for.
     pub(crate) ttl: Duration,
-    /// When the last successful acquire, renewal or extend was sent.
-    pub(crate) renewed_from: Instant,
-    /// Until when the lock is surely ours: `renewed_from + ttl - drift`.
+    /// When the request behind this lease was sent.
+    pub(crate) since: Instant,
+    /// Until when the lock is surely ours.
     pub(crate) valid_until: Instant,
-    /// Known lost: a renewal said so, or `valid_until` passed without one.
+    /// When the next renewal is due: a third of the lease after `since`.
+    pub(crate) renew_at: Instant,
+    /// Known lost: a renewal or extend said so, or `valid_until` passed without one.
     pub(crate) lost: bool,
+    /// The server said this token no longer holds the lock: there is nothing left to release.
+    pub(crate) gone: bool,
 }
 
 impl Lease {
-    pub(crate) fn starting(ttl: Duration, sent: Instant) -> Self {
-        Self { ttl, renewed_from: sent, valid_until: sent + ttl.saturating_sub(drift(ttl)), lost: false }
-    }
-
-    /// A lease handed over by a release: it began no earlier than `since` and lasts `lease`; renewals ask
-    /// for `ttl`, the first one at once.
-    pub(crate) fn handed_over(ttl: Duration, lease: Duration, since: Instant) -> Self {
-        let valid_until = since + lease.saturating_sub(drift(lease));
-        // `renewed_from` is set so that the first renewal is due now.
-        let renewed_from = Instant::now().checked_sub(ttl / 3).unwrap_or(since).min(since);
-        Self { ttl, renewed_from, valid_until, lost: false }
+    /// The server gave this token `lease` in answer to a request sent at `sent`; renewals ask for `ttl`.
+    pub(crate) fn granted(ttl: Duration, sent: Instant, lease: Duration) -> Self {
+        let valid_until = sent + lease.saturating_sub(drift(lease));
+        Self { ttl, since: sent, valid_until, renew_at: sent + lease / 3, lost: false, gone: false }
     }
 
     pub(crate) fn is_lost(&self) -> bool {
         self.lost || Instant::now() >= self.valid_until
-    }
-
-    /// When the next renewal is due: a third of the lease after the last one.
-    pub(crate) fn renew_at(&self) -> Instant {
-        self.renewed_from + self.ttl / 3
     }
 }
 
@@ -60,11 +64,9 @@ pub(crate) struct HoldLimits {
     pub(crate) max_hold: Option<Duration>,
 }
 
-/// No renewal in flight; renewals may start.
-const IDLE: u8 = 0;
-/// A renewal is in flight.
+/// State bit: a renewal (or an extend) is in flight; no other may start.
 const RENEWING: u8 = 1;
-/// Released, dropped or lost: no command with this token may start.
+/// State bit: released, dropped or lost; no renewal or extend may start.
 const FINISHED: u8 = 2;
 
 /// One grant of a lock: shared by the guard, the renewer and nested (reentrant) guards.
@@ -82,9 +84,9 @@ pub(crate) struct Grant {
     lease: Mutex<Lease>,
     /// Woken on every change of `lease`.
     lease_changed: Notify,
-    /// IDLE, RENEWING or FINISHED.
+    /// RENEWING and FINISHED bits.
     state: AtomicU8,
-    /// Tells a waiting release that the renewal in flight has come back.
+    /// Woken when the renewal or extend in flight comes back.
     renewal_done: Notify,
     /// This grant's entry in its client's renewal queue, if it has one.
     queued: Mutex<Option<QueueKey>>,
@@ -107,12 +109,14 @@ impl Grant {
             keys,
             token,
             fence,
-            acquired_at: lease.renewed_from,
+            // When the grant's reply arrived: no earlier than the server's grant, so `hold_at_least` keeps
+            // the lock at least that long.
+            acquired_at: Instant::now(),
             hold_at_least: limits.hold_at_least,
-            max_hold_until: limits.max_hold.and_then(|m| lease.renewed_from.checked_add(m)),
+            max_hold_until: limits.max_hold.and_then(|m| Instant::now().checked_add(m)),
             lease: Mutex::new(lease),
             lease_changed: Notify::new(),
-            state: AtomicU8::new(IDLE),
+            state: AtomicU8::new(0),
             renewal_done: Notify::new(),
             queued: Mutex::new(None),
         }
@@ -131,7 +135,13 @@ impl Grant {
         changed
     }
 
-    /// Resolves when the lock is known lost: marked so, or its validity has run out on the monotonic clock.
+    /// Whether this grant may no longer be used: finished (released, dropped), marked lost, or past its
+    /// validity on the monotonic clock.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.is_finished() || self.lease().is_lost()
+    }
+
+    /// Resolves when [`is_lost`](Grant::is_lost) turns true.
     pub(crate) async fn lost(&self) {
         loop {
             let changed = self.lease_changed.notified();
@@ -139,7 +149,7 @@ impl Grant {
             // Registered before reading, so a change in between is not missed.
             changed.as_mut().enable();
             let lease = self.lease();
-            if lease.is_lost() {
+            if self.is_finished() || lease.is_lost() {
                 return;
             }
             tokio::select! {
@@ -156,42 +166,89 @@ impl Grant {
     }
 
     pub(crate) fn is_finished(&self) -> bool {
-        self.state.load(Ordering::Acquire) == FINISHED
+        self.state.load(Ordering::Acquire) & FINISHED != 0
     }
 
     /// Marks the grant lost (once; later calls do nothing) and wakes everyone waiting on `lost()`.
     pub(crate) fn mark_lost(&self, why: &str) {
-        let newly = self.update_lease(|l| !std::mem::replace(&mut l.lost, true));
+        self.lose(why, false);
+    }
+
+    /// Marks the grant lost because the server said its token no longer holds the lock: nothing to release.
+    pub(crate) fn mark_gone(&self, why: &str) {
+        self.lose(why, true);
+    }
+
+    fn lose(&self, why: &str, gone: bool) {
+        let mut newly = false;
+        self.update_lease(|l| {
+            newly = !l.lost;
+            let changed = newly || (gone && !l.gone);
+            l.lost = true;
+            l.gone |= gone;
+            changed
+        });
         if newly && !self.is_finished() {
             tracing::warn!(key = %self.keys.name, token = %self.token, "distlock: lock lost: {why}");
         }
     }
 
-    /// Marks a renewal in flight, unless the grant is finished; the renewal is over when the ticket drops
-    /// (also when its future is dropped mid-call).
+    /// Marks a renewal in flight, unless one already is or the grant is finished; the renewal is over when the
+    /// ticket drops (also when its future is dropped mid-call).
     pub(crate) fn begin_renewal(&self) -> Option<InFlight<'_>> {
-        self.state.compare_exchange(IDLE, RENEWING, Ordering::AcqRel, Ordering::Acquire).ok().map(|_| InFlight(self))
+        self.state.compare_exchange(0, RENEWING, Ordering::AcqRel, Ordering::Acquire).ok().map(|_| InFlight(self))
+    }
+
+    /// Waits for the renewal in flight, if any, then marks this caller's own in flight; `None` once the grant
+    /// is finished. Extends go through here, so that no two commands setting the lease overlap and the last
+    /// reply always describes the last lease set.
+    pub(crate) async fn exclusive(&self) -> Option<InFlight<'_>> {
+        loop {
+            let done = self.renewal_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if self.is_finished() {
+                return None;
+            }
+            if let Some(ticket) = self.begin_renewal() {
+                return Some(ticket);
+            }
+            done.await;
+        }
     }
 
     /// Finishes the grant: no renewal starts from now on. Returns whether one is in flight.
     fn finish(&self) -> bool {
         // State first: a schedule racing with this either sees FINISHED or is undone by the cancel.
-        let in_flight = self.state.swap(FINISHED, Ordering::AcqRel) == RENEWING;
+        let in_flight = self.state.fetch_or(FINISHED, Ordering::AcqRel) & RENEWING != 0;
         self.client.inner.renewer.cancel(self);
+        self.lease_changed.notify_waiters();
         in_flight
     }
 
-    /// Finishes the grant without a release (it is lost, or the runtime is gone): no command follows.
+    /// Finishes the grant without a release (the server no longer holds it, or the runtime is gone).
     pub(crate) fn abandon(&self) {
         self.finish();
     }
 
     /// Finishes the grant and releases it, after any renewal in flight has come back, so that no renewal
-    /// follows the release.
+    /// follows the release. A grant the server said is gone sends nothing and reports `Expired`; one lost only
+    /// by the clock may still hold the lock on the server, and the release (by token: it cannot touch another
+    /// owner's grant) frees it sooner.
     pub(crate) async fn release(&self) -> Result<ReleaseOutcome, LockError> {
         if self.finish() {
-            // The renewal's end notifies once; if it already has, the stored permit completes this at once.
-            self.renewal_done.notified().await;
+            loop {
+                let done = self.renewal_done.notified();
+                tokio::pin!(done);
+                done.as_mut().enable();
+                if self.state.load(Ordering::Acquire) & RENEWING == 0 {
+                    break;
+                }
+                done.await;
+            }
+        }
+        if self.lease().gone {
+            return Ok(ReleaseOutcome::Expired);
         }
         let keep = self.keep_after_release();
         self.client.inner.backend.release(&self.keys, &self.token, keep).await
@@ -203,15 +260,13 @@ impl Grant {
     }
 }
 
-/// A renewal in flight; on drop, back to IDLE, or, if the grant was finished meanwhile, tell the release.
+/// A renewal or extend in flight; on drop, clears the bit and wakes whoever waits for it.
 #[derive(Debug)]
 pub(crate) struct InFlight<'a>(&'a Grant);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        let grant = self.0;
-        if grant.state.compare_exchange(RENEWING, IDLE, Ordering::AcqRel, Ordering::Acquire).is_err() {
-            grant.renewal_done.notify_one();
-        }
+        self.0.state.fetch_and(!RENEWING, Ordering::AcqRel);
+        self.0.renewal_done.notify_waiters();
     }
 }

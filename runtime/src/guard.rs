@@ -56,7 +56,7 @@ impl LockGuard {
     /// Starts renewing `grant` and guards it.
     pub(crate) fn new(grant: Grant) -> Self {
         let grant = Arc::new(grant);
-        grant.client.inner.renewer.schedule(&grant, grant.lease().renew_at());
+        grant.client.inner.renewer.schedule(&grant, grant.lease().renew_at);
         Self { grant, runtime: tokio::runtime::Handle::try_current().ok(), released: false, nested: false }
     }
 
@@ -92,9 +92,10 @@ impl LockGuard {
     }
 
     /// Whether the lock is known lost: a renewal found it gone or taken, or the lease ran out locally without a
-    /// successful renewal. Checked against the monotonic clock on every call.
+    /// successful renewal, or the grant is over (a guard kept from a finished lock body). Checked against the
+    /// monotonic clock on every call; once true, it stays true.
     pub fn is_lost(&self) -> bool {
-        self.grant.lease().is_lost()
+        self.grant.is_lost()
     }
 
     /// Resolves when the lock is known lost (see [`is_lost`](LockGuard::is_lost)); pending while it is held.
@@ -118,41 +119,68 @@ impl LockGuard {
     }
 
     /// Sets the lease to `ttl` from now; the watchdog keeps renewing with `ttl` from then on.
-    /// Fails with [`LockError::Lost`] when the lock is no longer this guard's.
+    /// Fails with [`LockError::Lost`] when the lock is no longer this guard's, also when the reply came back
+    /// after the lease had run out. When the call itself fails (a timeout, [`LockError::NotReplicated`]) the
+    /// server may or may not have applied it: the guard then assumes the shorter of the two leases.
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
         crate::request::check_ttl(ttl)?;
         let grant = &self.grant;
-        if grant.lease().is_lost() {
-            return Err(LockError::Lost { key: grant.keys.name.clone() });
+        let lost = || LockError::Lost { key: grant.keys.name.clone() };
+        // One command setting the lease at a time: a renewal in flight with the old ttl comes back first.
+        let ticket = grant.exclusive().await.ok_or_else(lost)?;
+        let before = grant.lease();
+        if before.is_lost() {
+            return Err(lost());
         }
         let sent = Instant::now();
-        if grant.client.inner.backend.renew(&grant.keys, &grant.token, ttl).await? {
-            grant.update_lease(|l| {
-                if !l.lost {
-                    *l = Lease::starting(ttl, sent);
-                }
-                true
-            });
-            grant.client.inner.renewer.schedule(grant, grant.lease().renew_at());
-            Ok(())
-        } else {
-            grant.mark_lost("extend found the lock gone or taken");
-            Err(LockError::Lost { key: grant.keys.name.clone() })
-        }
+        let reply = grant.client.inner.backend.renew(&grant.keys, &grant.token, ttl).await;
+        let outcome = match reply {
+            Ok(true) if Instant::now() < before.valid_until => {
+                grant.update_lease(|l| {
+                    let applies = !l.lost;
+                    if applies {
+                        *l = Lease::granted(ttl, sent, ttl);
+                    }
+                    applies
+                });
+                Ok(())
+            }
+            Ok(true) => {
+                grant.mark_lost("extend came back after the lease had run out");
+                Err(lost())
+            }
+            Ok(false) => {
+                grant.mark_gone("extend found the lock gone or taken");
+                Err(lost())
+            }
+            Err(e) => {
+                // Applied or not, unknown: the lease ends no later than either outcome would end it. A
+                // renewal goes out at once to restore it.
+                let applied = Lease::granted(ttl, sent, ttl);
+                grant.update_lease(|l| {
+                    let shorter = applied.valid_until < l.valid_until;
+                    if shorter {
+                        l.valid_until = applied.valid_until;
+                    }
+                    l.renew_at = Instant::now();
+                    shorter
+                });
+                Err(e)
+            }
+        };
+        drop(ticket);
+        grant.client.inner.renewer.schedule(grant, grant.lease().renew_at);
+        outcome
     }
 
-    /// Stops the watchdog and gives the lock back, saying whether it was still ours. A guard already known
-    /// lost sends nothing and reports `Expired`. A nested guard (taken inside a lock body that already holds
-    /// the key) leaves the outer hold in place and reports `Released`.
+    /// Stops the watchdog and gives the lock back, saying whether it was still ours. A guard the server said
+    /// lost sends nothing and reports `Expired`; one lost by the clock alone (its renewals failed) may still
+    /// hold the lock on the server, and sends the release, which acts only on this guard's own grant. A nested
+    /// guard (taken inside a lock body that already holds the key) leaves the outer hold in place and reports
+    /// `Released`.
     pub async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
         if self.released {
             return Ok(ReleaseOutcome::Released);
-        }
-        if self.is_lost() {
-            // Past its deadline the lock is not ours to touch: no command carries the token again.
-            self.released = true;
-            self.grant.abandon();
-            return Ok(ReleaseOutcome::Expired);
         }
         // `released` is set only once the release is done: if this future is dropped on the way, the guard's
         // Drop releases in the background instead.
@@ -189,9 +217,9 @@ impl Drop for LockGuard {
             return;
         }
         let grant = Arc::clone(&self.grant);
-        // A lost lock (flagged, or past its deadline on the monotonic clock) is not ours to touch: no command
-        // carries its token again.
-        if grant.lease().is_lost() {
+        // The server said the token no longer holds the lock: nothing to release. A lock lost by the clock
+        // alone is released all the same (by token, so never another owner's): the server may still hold it.
+        if grant.lease().gone {
             grant.abandon();
             return;
         }

@@ -187,19 +187,19 @@ async fn renew_batch(grants: Vec<Arc<Grant>>, renewer: Weak<Shared>) {
         } else {
             match renewed {
                 Ok(true) => {
-                    let renewed = Lease::starting(lease.ttl, sent);
+                    let renewed = Lease::granted(lease.ttl, sent, lease.ttl);
                     grant.update_lease(|l| {
-                        // An extend sent after this renewal has set a newer lease: keep it.
-                        let newer = l.lost || l.renewed_from > sent;
+                        // Extends do not overlap renewals (Grant::exclusive); this only guards the rule.
+                        let newer = l.lost || l.since > sent;
                         if !newer {
                             *l = renewed;
                         }
                         !newer
                     });
-                    Some(grant.lease().renew_at())
+                    Some(grant.lease().renew_at)
                 }
                 Ok(false) => {
-                    grant.mark_lost("a renewal found the lock gone or taken by another owner");
+                    grant.mark_gone("a renewal found the lock gone or taken by another owner");
                     None
                 }
                 Err(error) => {

@@ -1,5 +1,5 @@
 //! Fault injection inside the holder's own process: a starved executor (scenario 3), panics, timeouts and
-//! aborts at random await points (scenario 9), what a guard sends after its deadline (S8), and the reusable
+//! aborts at random await points (scenario 9), what a lost guard still sends (S8), and the reusable
 //! safety checker run against a private server.
 //!
 //! Each test starts its own `redis-server`; `MONITOR` shows what the client really sent.
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use distlock::{Client, LockError};
 use distlock_tests::checker::SafetyCheck;
-use distlock_tests::monitor::{tokens_in, Monitor};
+use distlock_tests::monitor::{is_client_command, monitor_args, tokens_in, Monitor};
 use distlock_tests::time::{drift, ms, secs};
 use distlock_tests::{serial, within, Fixture, RedisServer};
 use tokio::time::Instant;
@@ -115,11 +115,12 @@ async fn s03_run_whose_body_outlives_its_lease_reports_lost() {
 // S8: nothing with the token after the loss
 // ---------------------------------------------------------------------------------------------------------
 
-/// S8. A guard whose deadline passed (its executor starved) is lost; dropping it afterwards must send no
-/// command with its token (README: "after release, drop, panic, cancellation or loss no command with that
-/// token is sent again").
+/// S8. A guard whose deadline passed (its executor starved) is lost, but the server may still hold its token
+/// (issue 15: "a guard dropped as lost still releases if the server may hold its token"): dropping it sends
+/// exactly one command with the token, the release (compare-and-delete: `EVALSHA <sha> 1 <record> <token>`),
+/// and never a renewal or extend.
 #[tokio::test(flavor = "current_thread")]
-async fn s08_guard_dropped_after_its_deadline_sends_nothing_with_its_token() {
+async fn s08_guard_lost_by_the_clock_sends_only_its_release() {
     const KEY: &str = "dropped-after-deadline";
     let ttl = ms(500);
     let fx = Fixture::redis().await;
@@ -134,12 +135,46 @@ async fn s08_guard_dropped_after_its_deadline_sends_nothing_with_its_token() {
     assert!(guard.is_lost());
     let mark = monitor.mark_blocking(&mut sync, "lost");
     drop(guard);
-    // Give a background release every chance to go out: a few hundred ms of a running executor.
-    tokio::time::sleep(ms(300)).await;
+    monitor.wait_for(mark, &token, secs(5)).await;
+    // Give a stray renewal every chance to follow: a few renewal periods of a running executor.
+    tokio::time::sleep(ttl).await;
     let mut conn = fx.redis_connection().unwrap();
     let end = monitor.mark(&mut conn, "end").await;
+    let sent: Vec<String> = monitor.lines()[mark..end]
+        .iter()
+        .filter(|l| is_client_command(l) && l.contains(&token))
+        .cloned()
+        .collect();
+    let release_shaped = |line: &String| {
+        let args = monitor_args(line);
+        args.len() == 5 && args[0].eq_ignore_ascii_case("evalsha") && args[4] == token
+    };
+    assert!(
+        sent.len() == 1 && sent.iter().all(release_shaped),
+        "a guard lost by the clock must send its release and nothing else; sent:\n{}",
+        sent.join("\n")
+    );
+}
+
+/// S8. A guard whose renewal heard from the server that the lock is gone (force-unlocked here) has nothing
+/// left to release: after the loss no command carries its token, also when it is dropped.
+#[tokio::test(flavor = "current_thread")]
+async fn s08_guard_the_server_called_gone_sends_nothing_after_the_loss() {
+    const KEY: &str = "gone-then-dropped";
+    let ttl = ms(300);
+    let fx = Fixture::redis().await;
+    let monitor = Monitor::start(fx.server().unwrap());
+    let guard = fx.client().lock(KEY).ttl(ttl).acquire().await.expect("acquire");
+    let token = guard.token().as_str().to_owned();
+    assert!(fx.other_client().await.force_unlock(KEY).await.unwrap());
+    within(secs(2), "the renewal notices the loss", guard.lost()).await;
+    let mut conn = fx.redis_connection().unwrap();
+    let mark = monitor.mark(&mut conn, "lost").await;
+    drop(guard);
+    tokio::time::sleep(ttl).await;
+    let end = monitor.mark(&mut conn, "end").await;
     let sent: Vec<String> = monitor.lines()[mark..end].iter().filter(|l| l.contains(&token)).cloned().collect();
-    assert!(sent.is_empty(), "commands with the token of a lost guard, after the loss:\n{}", sent.join("\n"));
+    assert!(sent.is_empty(), "commands with the token of a guard the server called gone:\n{}", sent.join("\n"));
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{Announcement, Attempt, LockKeys, Queueing, ReleaseWatch};
+use super::{Announcement, Attempt, Hold, LockKeys, Queueing, ReleaseWatch};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 #[derive(Debug, Default, Clone)]
@@ -82,7 +82,7 @@ impl MemoryState {
             Record { token: Some(heir.token.clone()), fence, metadata: heir.metadata, expires_at: now + heir.lease };
         self.records.insert(keys.record.clone(), record);
         if let Some(channel) = self.channels.get(&keys.channel()) {
-            channel.tx.send_replace(Announcement::HandedOver(format!("{}:{fence}", heir.token).into()));
+            channel.tx.send_replace(Announcement::hand_over(&heir.token, Hold { fence, lease: heir.lease }));
         }
         Some(heir.token)
     }
@@ -129,19 +129,20 @@ impl MemoryBackend {
         queueing: Option<Queueing>,
     ) -> Result<Attempt, LockError> {
         let mut state = self.state();
-        if state.live(&keys.record).is_none() && state.hand_over(keys).as_deref() == Some(token.as_str()) {
-            let fence = state.live(&keys.record).map_or(0, |r| r.fence);
-            return Ok(Attempt::HandedOver { fence });
+        if state.live(&keys.record).is_none() {
+            state.hand_over(keys);
         }
         if let Some(held) = state.live(&keys.record) {
             if held.token.as_deref() == Some(token.as_str()) {
-                return Ok(Attempt::HandedOver { fence: held.fence });
+                // A hand-over to this token, claimed: stretched to the full ttl, as Redis does.
+                held.expires_at = Instant::now() + ttl;
+                return Ok(Attempt::Granted(Hold { fence: held.fence, lease: ttl }));
             }
-            let remaining = held.expires_at.saturating_duration_since(Instant::now());
+            let (fence, remaining) = (held.fence, held.expires_at.saturating_duration_since(Instant::now()));
             if let Some(queueing) = queueing {
                 state.enqueue(keys, token, queueing, metadata);
             }
-            return Ok(Attempt::Busy { remaining: Some(remaining) });
+            return Ok(Attempt::Busy { fence, remaining: Some(remaining) });
         }
         let fence = state.next_fence(keys);
         let record = Record {
@@ -151,13 +152,17 @@ impl MemoryBackend {
             expires_at: Instant::now() + ttl,
         };
         state.records.insert(keys.record.clone(), record);
-        Ok(Attempt::Granted { fence })
+        Ok(Attempt::Granted(Hold { fence, lease: ttl }))
     }
 
-    pub(crate) async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<u64>, LockError> {
+    pub(crate) async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError> {
         let mut state = self.state();
         state.withdraw(keys, token);
-        Ok(state.live(&keys.record).filter(|r| r.token.as_deref() == Some(token.as_str())).map(|r| r.fence))
+        let now = Instant::now();
+        Ok(state
+            .live(&keys.record)
+            .filter(|r| r.token.as_deref() == Some(token.as_str()))
+            .map(|r| Hold { fence: r.fence, lease: r.expires_at.saturating_duration_since(now) }))
     }
 
     pub(crate) async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {

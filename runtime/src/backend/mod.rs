@@ -61,15 +61,21 @@ fn escape_into(out: &mut String, key: &str) {
     }
 }
 
+/// A lock this token holds, as the server reported it: its fencing token, and the lease the server had left
+/// when it answered (never more than it had when the request was sent, so the lease counts from the send).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Hold {
+    pub(crate) fence: u64,
+    pub(crate) lease: Duration,
+}
+
 /// What one acquire attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Attempt {
-    /// The lock is ours from this attempt on, with this fencing token and the requested lease.
-    Granted { fence: u64 },
-    /// A release handed the lock to this waiter after its last busy attempt, with the hand-over lease.
-    HandedOver { fence: u64 },
-    /// Someone else holds it for about this much longer (`None`: unknown, e.g. no expiry).
-    Busy { remaining: Option<Duration> },
+    /// The lock is this token's: granted now, or a hand-over to this token claimed (and stretched to `ttl`).
+    Granted(Hold),
+    /// Another grant holds it: that grant's fencing token, and about how much longer (`None`: unknown).
+    Busy { fence: u64, remaining: Option<Duration> },
 }
 
 /// One lock to renew.
@@ -98,16 +104,27 @@ pub(crate) enum Announcement {
     Nothing,
     /// Announcements may have been missed (a reconnect): try again now.
     Retry,
-    /// The lock was handed to the waiter whose token starts this `<token>:<fence>` text.
+    /// The lock was handed to the waiter whose token starts this `<token>:<fence>:<lease ms>` text.
     HandedOver(Arc<str>),
 }
 
 impl Announcement {
-    /// The fencing token, if the lock was handed to `token`.
-    pub(crate) fn handed_to(&self, token: &LockToken) -> Option<u64> {
+    /// A hand-over to `token`, if this announces one: the grant's fencing token and the lease it was given
+    /// (counted from the hand-over, a moment the announcement does not tell).
+    pub(crate) fn handed_to(&self, token: &LockToken) -> Option<Hold> {
         let Self::HandedOver(text) = self else { return None };
-        let (to, fence) = text.split_once(':')?;
-        (to == token.as_str()).then(|| fence.parse().ok()).flatten()
+        let mut fields = text.split(':');
+        if fields.next()? != token.as_str() {
+            return None;
+        }
+        let fence = fields.next()?.parse().ok()?;
+        let lease = Duration::from_millis(fields.next()?.parse().ok()?);
+        Some(Hold { fence, lease })
+    }
+
+    /// The announcement of a hand-over to `heir`.
+    pub(crate) fn hand_over(heir: &str, hold: Hold) -> Self {
+        Self::HandedOver(format!("{heir}:{}:{}", hold.fence, hold.lease.as_millis()).into())
     }
 }
 
@@ -180,8 +197,8 @@ impl Backend {
         dispatch!(self, b => b.acquire(keys, token, ttl, metadata, queueing).await)
     }
 
-    /// Leaves the queue; `Some(fence)` if the lock was handed to `token` meanwhile (it is then held).
-    pub(crate) async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<u64>, LockError> {
+    /// Leaves the queue; `Some` if the lock was handed to `token` meanwhile (it is then held).
+    pub(crate) async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError> {
         dispatch!(self, b => b.withdraw(keys, token).await)
     }
 

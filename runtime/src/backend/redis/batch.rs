@@ -103,8 +103,8 @@ impl Op<'_> {
     }
 }
 
-/// What the script answered for one operation: `(code, value)` (a release's value is 0).
-pub(super) type Reply = redis::RedisResult<(i64, i64)>;
+/// What the script answered for one operation: `(code, fence, ms)` (a release's last two are 0).
+pub(super) type Reply = redis::RedisResult<(i64, i64, i64)>;
 
 /// Whether an operation goes out at once, in a slot of its own, or waits for the next call to come back.
 enum Turn<'a> {
@@ -286,11 +286,11 @@ fn command(ops: &[Op<'_>], by_source: bool) -> Cmd {
 async fn call_one(mut conn: ConnectionManager, op: &Op<'_>) -> Reply {
     let value: Value = send_script(&mut conn, |by_source| command(std::slice::from_ref(op), by_source)).await?;
     match (op, value) {
-        (Op::Acquire { .. }, Value::Array(pair)) => match pair.as_slice() {
-            [Value::Int(code), Value::Int(value)] => Ok((*code, *value)),
+        (Op::Acquire { .. }, Value::Array(reply)) => match reply.as_slice() {
+            [Value::Int(code), Value::Int(fence), Value::Int(ms)] => Ok((*code, *fence, *ms)),
             _ => Err(unexpected_reply()),
         },
-        (Op::Release { .. }, Value::Int(code)) => Ok((code, 0)),
+        (Op::Release { .. }, Value::Int(code)) => Ok((code, 0, 0)),
         _ => Err(unexpected_reply()),
     }
 }
@@ -301,11 +301,11 @@ async fn call_many(mut conn: ConnectionManager, ops: &[Op<'_>]) -> Vec<Reply> {
         return vec![call_one(conn, op).await];
     }
     match send_script(&mut conn, |by_source| command(ops, by_source)).await {
-        Ok(Value::Array(items)) if items.len() == 2 * ops.len() => items
-            .chunks(2)
-            .map(|pair| match pair {
-                [Value::Int(code), Value::Int(value)] if *code >= 0 => Ok((*code, *value)),
-                [Value::Int(-1), Value::BulkString(message)] => Err(failed_in_script(message)),
+        Ok(Value::Array(items)) if items.len() == 3 * ops.len() => items
+            .chunks(3)
+            .map(|reply| match reply {
+                [Value::Int(code), Value::Int(fence), Value::Int(ms)] if *code >= 0 => Ok((*code, *fence, *ms)),
+                [Value::Int(-1), Value::BulkString(message), _] => Err(failed_in_script(message)),
                 _ => Err(unexpected_reply()),
             })
             .collect(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, FromRedisValue, IntoConnectionInfo, ProtocolVersion, Value};
 
-use super::{Attempt, LockKeys, Queueing, ReleaseWatch, Renewal};
+use super::{Attempt, Hold, LockKeys, Queueing, ReleaseWatch, Renewal};
 use crate::error::{redact_url, BackendError};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
@@ -18,6 +18,14 @@ use self::subscriber::Subscriber;
 mod batch;
 mod scripts;
 mod subscriber;
+
+/// The first value of an acquire script's reply (scripts.rs, `acquire`); any other is an error.
+const GRANTED: i64 = 1;
+const BUSY: i64 = 0;
+/// A release script's reply (scripts.rs, `release`); any other is an error.
+const RELEASED: i64 = 1;
+const EXPIRED: i64 = 0;
+const TAKEN_BY_OTHER: i64 = 2;
 
 /// Locks renewed per RENEW_MANY call: one call holds redis-server for about a microsecond per lock.
 const RENEWALS_PER_CALL: usize = 256;
@@ -141,7 +149,7 @@ impl RedisBackend {
         let lease = Duration::from_secs(5);
         let queueing = Queueing { register: lease, lease };
         let _listening = self.watch_releases(&keys, &waiter).await?;
-        if let Attempt::Granted { .. } = self.acquire(&keys, &holder, lease, "startup probe", None).await? {
+        if let Attempt::Granted(_) = self.acquire(&keys, &holder, lease, "startup probe", None).await? {
             self.acquire(&keys, &waiter, lease, "startup probe", Some(queueing)).await?;
             self.release(&keys, &holder, None).await?;
             if self.withdraw(&keys, &waiter).await?.is_some() {
@@ -203,12 +211,14 @@ impl RedisBackend {
             register_ms: register,
             lease_ms: lease,
         };
-        let (code, value) = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
-        let fence = value.max(0) as u64;
-        let attempt = match code {
-            1 => Attempt::Granted { fence },
-            2 => Attempt::HandedOver { fence },
-            _ => return Ok(Attempt::Busy { remaining: u64::try_from(value).ok().map(Duration::from_millis) }),
+        let (code, fence, ms) = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
+        let (Ok(fence), ms) = (u64::try_from(fence), u64::try_from(ms).ok().map(Duration::from_millis)) else {
+            return Err(self.error(keys, unexpected_reply()));
+        };
+        let attempt = match (code, ms) {
+            (GRANTED, Some(lease)) => Attempt::Granted(Hold { fence, lease }),
+            (BUSY, remaining) => return Ok(Attempt::Busy { fence, remaining }),
+            _ => return Err(self.error(keys, unexpected_reply())),
         };
         if let Err(e) = self.replicated(keys).await {
             // Not durable enough to use: give it back (best effort; otherwise it expires).
@@ -243,13 +253,16 @@ impl RedisBackend {
         self.replicas.is_some()
     }
 
-    pub(crate) async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<u64>, LockError> {
-        let fence: i64 = self
+    pub(crate) async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError> {
+        let (fence, pttl): (i64, i64) = self
             .eval(&WITHDRAW, keys, |c| {
                 c.arg(1).arg(&keys.record).arg(token.as_str());
             })
             .await?;
-        Ok(u64::try_from(fence).ok())
+        Ok(match (u64::try_from(fence), u64::try_from(pttl)) {
+            (Ok(fence), Ok(ms)) => Some(Hold { fence, lease: Duration::from_millis(ms) }),
+            _ => None,
+        })
     }
 
     pub(crate) async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
@@ -334,12 +347,13 @@ impl RedisBackend {
         // A keep that rounds to 0 ms would mean "delete": keep at least 1 ms.
         let keep_ms = keep.map_or(0, |k| millis(k).max(1));
         let op = Op::Release { record: Cow::Borrowed(&keys.record), token: token.clone(), keep_ms };
-        let (outcome, _) = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
-        Ok(match outcome {
-            1 => ReleaseOutcome::Released,
-            2 => ReleaseOutcome::TakenByOther,
-            _ => ReleaseOutcome::Expired,
-        })
+        let (outcome, ..) = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
+        match outcome {
+            RELEASED => Ok(ReleaseOutcome::Released),
+            TAKEN_BY_OTHER => Ok(ReleaseOutcome::TakenByOther),
+            EXPIRED => Ok(ReleaseOutcome::Expired),
+            _ => Err(self.error(keys, unexpected_reply())),
+        }
     }
 
     pub(crate) async fn remaining(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Duration>, LockError> {

@@ -31,7 +31,7 @@ impl LuaScript {
     }
 }
 
-/// Grants a free lock nobody queued for (R, token, ttl and meta in scope), returning `<open>1, fence<close>`.
+/// Grants a free lock nobody queued for (R, token, ttl and meta in scope), returning `<open>1, fence, ttl<close>`.
 macro_rules! free_lock_fast_path {
     ($open:literal, $close:literal) => {
         concat!(
@@ -40,7 +40,7 @@ macro_rules! free_lock_fast_path {
   redis.call('set', R, token .. ':' .. fence .. ':' .. meta, 'px', ttl)
   return ",
             $open,
-            "1, fence",
+            "1, fence, tonumber(ttl)",
             $close,
             "\nend\n"
         )
@@ -50,8 +50,8 @@ macro_rules! free_lock_fast_path {
 /// The Lua functions the scripts share; each script defines only those it calls, as defining them costs Redis
 /// time on every call.
 ///
-/// `hand_over(R)` gives a free lock to the longest-waiting waiter still refreshing its place and announces it;
-/// the heir's token, or nil when nobody waits.
+/// `hand_over(R)` gives a free lock to the longest-waiting waiter still refreshing its place, for the hand-over
+/// lease it registered, and announces `<heir>:<fence>:<lease ms>`; the heir's token, or nil when nobody waits.
 macro_rules! hand_over_fn {
     () => {
         r"local function hand_over(R)
@@ -65,7 +65,7 @@ macro_rules! hand_over_fn {
       local lease, meta = string.match(w, '^(%d+):(.*)$')
       local fence = redis.call('incr', R .. ':fence')
       redis.call('set', R, heir .. '+' .. fence .. ':' .. meta, 'px', lease)
-      redis.call('publish', R .. ':released', heir .. ':' .. fence)
+      redis.call('publish', R .. ':released', heir .. ':' .. fence .. ':' .. lease)
       return heir
     end
   end
@@ -97,9 +97,10 @@ end
     };
 }
 
-/// `acquire(R, token, ttl ms, metadata, register ms (0: do not queue), hand-over lease ms)` → code, value.
-/// 1, fence: granted now. 2, fence: handed over to this token by a release since its last busy attempt
-/// (claiming it sets the full ttl). 0, PTTL: busy (and, with register > 0, queued or refreshed in the queue).
+/// `acquire(R, token, ttl ms, metadata, register ms (0: do not queue), hand-over lease ms)` → code, fence, ms.
+/// 1, fence, ttl: the lock is this token's for `ttl` from now, granted now or claimed (a hand-over to this
+/// token, made by a release since its last busy attempt or by this call, is stretched to the full ttl).
+/// 0, the holder's fence, its PTTL: busy (and, with register > 0, queued or refreshed in the queue).
 /// The common case, a free lock nobody waits for, comes first: EXISTS, INCR, SET. Needs the functions above.
 macro_rules! acquire_fn {
     () => {
@@ -107,23 +108,19 @@ macro_rules! acquire_fn {
             "local function acquire(R, token, ttl, meta, register, lease)\n",
             free_lock_fast_path!("", ""),
             r"  local v = redis.call('get', R)
-  if not v then
-    local heir = hand_over(R)
-    if heir == token then return 2, fence_of(redis.call('get', R)) end
-    if heir then v = redis.call('get', R) end
-  end
+  if not v and hand_over(R) then v = redis.call('get', R) end
   if v then
     if string.sub(v, 1, 32) == token then
       redis.call('pexpire', R, ttl)
-      return 2, fence_of(v)
+      return 1, fence_of(v), tonumber(ttl)
     end
     register = tonumber(register)
     if register > 0 then enqueue(R, v, token, register, lease, meta) end
-    return 0, redis.call('pttl', R)
+    return 0, fence_of(v), redis.call('pttl', R)
   end
   local fence = redis.call('incr', R .. ':fence')
   redis.call('set', R, token .. ':' .. fence .. ':' .. meta, 'px', ttl)
-  return 1, fence
+  return 1, fence, tonumber(ttl)
 end
 "
         )
@@ -155,7 +152,7 @@ end
 }
 
 /// ARGV: token, ttl ms, metadata[, register ms, hand-over lease ms (both 0 when left out)].
-/// {code, value} as `acquire` returns them.
+/// {code, fence, ms} as `acquire` returns them.
 /// The common case runs before the functions are even defined: defining them is much of a script's cost.
 pub(super) static ACQUIRE: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(concat!(
@@ -189,8 +186,8 @@ end
 /// the call itself, so under load one call for many operations is what keeps up with plain SET/DEL.
 /// KEYS: each operation's record, in order. ARGV[1]: one letter per operation, then each one's ARGV in
 /// order: `a` acquire (token, ttl, metadata), `q` acquire and queue (the same, register, lease), `r` release
-/// (token), `k` release but keep (token, keep). Returns two values per operation: {code, value} as above (a
-/// release's value is 0), or {-1, message} when that operation failed (the others still ran).
+/// (token), `k` release but keep (token, keep). Returns three values per operation: {code, fence, ms} as above
+/// (a release's last two are 0), or {-1, message, 0} when that operation failed (the others still ran).
 pub(super) static BATCH: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(concat!(
         hand_over_fn!(),
@@ -206,12 +203,12 @@ local ops = ARGV[1]
 local a = 2
 for i = 1, #ops do
   local op = string.byte(ops, i)
-  local ok, code, value
+  local ok, code, fence, ms
   if op == 97 then
-    ok, code, value = pcall(acquire, KEYS[i], ARGV[a], ARGV[a + 1], ARGV[a + 2], '0', '0')
+    ok, code, fence, ms = pcall(acquire, KEYS[i], ARGV[a], ARGV[a + 1], ARGV[a + 2], '0', '0')
     a = a + 3
   elseif op == 113 then
-    ok, code, value = pcall(acquire, KEYS[i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+    ok, code, fence, ms = pcall(acquire, KEYS[i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
     a = a + 5
   elseif op == 114 then
     ok, code = pcall(release_op, KEYS[i], ARGV[a], '0')
@@ -221,9 +218,9 @@ for i = 1, #ops do
     a = a + 2
   end
   if ok then
-    out[2 * i - 1], out[2 * i] = code, value or 0
+    out[3 * i - 2], out[3 * i - 1], out[3 * i] = code, fence or 0, ms or 0
   else
-    out[2 * i - 1], out[2 * i] = -1, type(code) == 'table' and code.err or tostring(code)
+    out[3 * i - 2], out[3 * i - 1], out[3 * i] = -1, type(code) == 'table' and code.err or tostring(code), 0
   end
 end
 return out"
@@ -264,15 +261,15 @@ return out"
     ))
 });
 
-/// ARGV: token. Leaves the queue; the fence if the lock was handed to this token meanwhile, else -1.
+/// ARGV: token. Leaves the queue; {fence, PTTL} if the lock was handed to this token meanwhile, else {-1, 0}.
 pub(super) static WITHDRAW: Lazy<LuaScript> = Lazy::new(|| {
     LuaScript::new(concat!(
         queue_fns!(),
         r"redis.call('zrem', KEYS[1] .. ':queue', ARGV[1])
 redis.call('del', KEYS[1] .. ':waiter:' .. ARGV[1])
 local v = redis.call('get', KEYS[1])
-if v and string.sub(v, 1, 32) == ARGV[1] then return fence_of(v) end
-return -1"
+if v and string.sub(v, 1, 32) == ARGV[1] then return {fence_of(v), redis.call('pttl', KEYS[1])} end
+return {-1, 0}"
     ))
 });
 
