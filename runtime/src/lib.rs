@@ -43,11 +43,14 @@
 //! - **S3** grant, fencing counter and lease are set by one script; all of a lock's keys share one hash slot;
 //! - **S4** fencing tokens rise strictly per key while the counter survives;
 //! - **S5** the body never runs without a grant: not configured, busy, lost and backend errors are errors;
-//! - **S6** a lease is valid until the monotonic instant taken before its acquire (or successful renewal)
-//!   was sent, plus `ttl`, minus drift (`ttl`·1% + 2 ms); a grant already invalid on arrival is an error;
+//! - **S6** a guard's deadline never lies past the server's expiry of its grant: a lease counts from the
+//!   monotonic instant taken before sending the request the server answered, for the lease its reply reports,
+//!   minus drift (lease·1% + 2 ms); an announced hand-over only when provably newer than the waiter's last
+//!   busy attempt; an ambiguous outcome (timeout, dropped reply, `NotReplicated`) counts as the worse one;
 //! - **S7** a lost lock stops the body (by default) at its deadline, and a body that outlived its deadline
-//!   returns [`LockError::Lost`];
-//! - **S8** after release, drop, panic, cancellation or loss, no command carries the grant's token again.
+//!   returns [`LockError::Lost`]; a guard kept after its body ended reads as lost;
+//! - **S8** after release, drop, panic or cancellation no renewal or extend carries the grant's token; a guard
+//!   lost by the clock alone sends one compare-and-delete release, one the server reported gone nothing.
 //!
 //! Liveness: a crashed holder's lock frees within `ttl` of its last renewal; release happens on return,
 //! error, panic or cancellation without blocking the runtime; every Redis call has connect and response
