@@ -140,11 +140,8 @@ async fn s08_guard_lost_by_the_clock_sends_only_its_release() {
     tokio::time::sleep(ttl).await;
     let mut conn = fx.redis_connection().unwrap();
     let end = monitor.mark(&mut conn, "end").await;
-    let sent: Vec<String> = monitor.lines()[mark..end]
-        .iter()
-        .filter(|l| is_client_command(l) && l.contains(&token))
-        .cloned()
-        .collect();
+    let sent: Vec<String> =
+        monitor.lines()[mark..end].iter().filter(|l| is_client_command(l) && l.contains(&token)).cloned().collect();
     let release_shaped = |line: &String| {
         let args = monitor_args(line);
         args.len() == 5 && args[0].eq_ignore_ascii_case("evalsha") && args[4] == token

@@ -3,12 +3,12 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{Announcement, Attempt, Hold, LockKeys, Queueing, ReleaseWatch};
+use super::{Announcement, Attempt, Hold, LockKeys, Queueing, ReleaseWatch, FENCE_RETENTION};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 #[derive(Debug, Default, Clone)]
@@ -20,10 +20,23 @@ pub(crate) struct MemoryBackend {
 #[derive(Debug, Default)]
 struct MemoryState {
     records: HashMap<String, Record>,
-    fences: HashMap<String, u64>,
+    fences: HashMap<String, Fence>,
     queues: HashMap<String, VecDeque<Waiter>>,
     channels: HashMap<String, Channel>,
+    /// How many entries the maps held after the last sweep of expired ones: the next comes when they double.
+    after_sweep: usize,
 }
+
+/// A lock's last fencing token, kept as Redis keeps `<record>:fence`: for the grant's lease plus
+/// [`FENCE_RETENTION`].
+#[derive(Debug)]
+struct Fence {
+    last: u64,
+    expires_at: Instant,
+}
+
+/// Sweeps start once the maps hold this many entries.
+const SWEEP_FROM: usize = 1024;
 
 #[derive(Debug)]
 struct Record {
@@ -58,10 +71,32 @@ impl MemoryState {
         self.records.get_mut(key)
     }
 
-    fn next_fence(&mut self, keys: &LockKeys) -> u64 {
-        let fence = self.fences.entry(keys.record.clone()).or_insert(0);
-        *fence += 1;
-        *fence
+    /// `max(last token + 1, the wall clock in µs)`, as the Redis scripts do: tokens keep rising in a new
+    /// process, and the last one is kept only for `lease` + [`FENCE_RETENTION`].
+    fn next_fence(&mut self, keys: &LockKeys, lease: Duration) -> u64 {
+        let now = Instant::now();
+        let clock = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
+        let kept = self.fences.get(&keys.record).filter(|f| f.expires_at > now).map_or(0, |f| f.last);
+        let fence = (kept + 1).max(u64::try_from(clock).unwrap_or(u64::MAX));
+        self.fences.insert(keys.record.clone(), Fence { last: fence, expires_at: now + lease + FENCE_RETENTION });
+        self.sweep_if_grown(now);
+        fence
+    }
+
+    /// Drops expired records, fences and waiters once the maps have doubled since the last sweep, so locks
+    /// nobody touches again leave nothing behind (Redis expires its keys itself); amortized O(1) per grant.
+    fn sweep_if_grown(&mut self, now: Instant) {
+        let size = || self.records.len() + self.fences.len() + self.queues.len();
+        if size() < SWEEP_FROM.max(2 * self.after_sweep) {
+            return;
+        }
+        self.records.retain(|_, r| r.expires_at > now);
+        self.fences.retain(|_, f| f.expires_at > now);
+        self.queues.retain(|_, q| {
+            q.retain(|w| w.expires_at > now);
+            !q.is_empty()
+        });
+        self.after_sweep = self.records.len() + self.fences.len() + self.queues.len();
     }
 
     /// Hands the free lock to the longest live waiter and announces it; the heir's token, if any.
@@ -77,7 +112,7 @@ impl MemoryState {
                 break waiter;
             }
         };
-        let fence = self.next_fence(keys);
+        let fence = self.next_fence(keys, heir.lease);
         let record =
             Record { token: Some(heir.token.clone()), fence, metadata: heir.metadata, expires_at: now + heir.lease };
         self.records.insert(keys.record.clone(), record);
@@ -144,7 +179,7 @@ impl MemoryBackend {
             }
             return Ok(Attempt::Busy { fence, remaining: Some(remaining) });
         }
-        let fence = state.next_fence(keys);
+        let fence = state.next_fence(keys, ttl);
         let record = Record {
             token: Some(token.as_str().to_owned()),
             fence,
@@ -252,5 +287,54 @@ impl MemoryBackend {
                 }
             }
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{MemoryBackend, FENCE_RETENTION, SWEEP_FROM};
+    use crate::backend::{Attempt, LockKeys};
+    use crate::LockToken;
+
+    /// The in-process store keeps the Redis store's promise: tokens rise across a new store (a new process)
+    /// and within one, and a released lock leaves nothing behind once its retention has passed.
+    #[tokio::test(start_paused = true)]
+    async fn fences_rise_across_stores_and_released_locks_leave_nothing() {
+        let ttl = Duration::from_secs(1);
+        let grant = |store: &MemoryBackend, key: &str| {
+            let (store, keys, token) = (store.clone(), LockKeys::new("t:", key.into()), LockToken::random());
+            async move {
+                match store.acquire(&keys, &token, ttl, "", None).await.expect("memory") {
+                    Attempt::Granted(hold) => {
+                        store.release(&keys, &token, None).await.expect("memory");
+                        hold.fence
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+        };
+        let first = MemoryBackend::default();
+        let a = grant(&first, "k").await;
+        let b = grant(&first, "k").await;
+        assert!(b > a, "{b} after {a}");
+        // A new store knows nothing of the old one's tokens, as a Redis restart without persistence.
+        let c = grant(&MemoryBackend::default(), "k").await;
+        assert!(c > b, "{c} after {b} in a new store");
+        assert!(c < 1 << 53, "tokens stay exact in JSON: {c}");
+
+        for i in 0..3 * SWEEP_FROM {
+            grant(&first, &format!("key:{i}")).await;
+        }
+        tokio::time::advance(ttl + FENCE_RETENTION + Duration::from_secs(1)).await;
+        grant(&first, "one more").await; // sweeps run on grants, once the maps have doubled
+        for i in 0..3 * SWEEP_FROM {
+            grant(&first, &format!("again:{i}")).await;
+        }
+        let state = first.state();
+        let kept = state.records.len() + state.fences.len() + state.queues.len();
+        assert!(kept <= 3 * SWEEP_FROM + 2, "{kept} entries kept for {} live fences", 3 * SWEEP_FROM + 1);
+        assert!(!state.fences.contains_key("t:{key:0}"), "a released lock's fence outlived its retention");
     }
 }

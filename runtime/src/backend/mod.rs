@@ -30,8 +30,8 @@ impl LockKeys {
         Self { name, record }
     }
 
-    /// `<prefix>{<key>}:fence`: the fencing counter, kept without expiry. Derived, not stored: a held lock
-    /// keeps only what its renewals and release need.
+    /// `<prefix>{<key>}:fence`: the last fencing token, kept for the grant's lease plus [`FENCE_RETENTION`].
+    /// Derived, not stored: a held lock keeps only what its renewals and release need.
     pub(crate) fn fence(&self) -> String {
         format!("{}{FENCE}", self.record)
     }
@@ -42,6 +42,11 @@ impl LockKeys {
         format!("{}{CHANNEL}", self.record)
     }
 }
+
+/// How long a lock's last fencing token is kept after its grant's lease: the next token is
+/// `max(last + 1, the server's clock in µs)`, so past this the clock alone keeps tokens rising, and no state of
+/// a released lock outlives it.
+pub(crate) const FENCE_RETENTION: Duration = Duration::from_secs(60);
 
 /// The suffixes of the lock's derived names the client uses itself. The Redis scripts name these and the
 /// wait queue's keys after the record on their own (a unit test checks they agree).

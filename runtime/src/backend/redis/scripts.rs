@@ -2,7 +2,7 @@
 //! KEYS and ARGV. Under load, concurrent acquires and releases share one call ([`BATCH`]).
 //!
 //! KEYS[1] is always the lock's record. Its other keys are named after it, so they share its hash tag (and
-//! cluster slot): `:fence` the fencing counter, `:queue` the wait queue (a sorted set of waiter tokens in
+//! cluster slot): `:fence` the last fencing token (kept for a retention, see [`next_fence`]), `:queue` the wait queue (a sorted set of waiter tokens in
 //! arrival order), `:waiter:<token>` each waiter's details (`<hand-over lease ms>:<metadata>`, which Redis
 //! expires when the waiter stops refreshing its place) and `:released` the channel hand-overs are published
 //! on. Passing one key instead of four is a third of an acquire's cost in Redis.
@@ -13,7 +13,7 @@
 //! `hold_at_least` keeps a released lock, the token is replaced by dashes, which no hex token can equal.
 //!
 //! A release (or an expiry noticed by an acquire) hands the lock straight to the longest-waiting live waiter
-//! and publishes `<its token>:<fence>` on `<record>:released`: waiters are served in order, and the next
+//! and publishes `<its token>:<fence>:<hand-over lease ms>` on `<record>:released`: waiters are served in order, and the next
 //! holder has the lock one message after the release instead of racing for it.
 
 use once_cell::sync::Lazy;
@@ -31,16 +31,42 @@ impl LuaScript {
     }
 }
 
+/// Lua statements that take the lock's next fencing token into `fence` (a decimal string; `R` in scope):
+/// `max(last token + 1, the server's clock in µs)`, where the last token is kept in `<record>:fence` for the
+/// grant's lease (`$px`, ms) + 60 s ([`FENCE_RETENTION`](crate::backend::FENCE_RETENTION)). The clock keeps
+/// tokens rising when that key is gone (a restart without persistence, FLUSHALL, a failover to a replica that
+/// missed it, or the retention passed); the key keeps them strictly rising within one microsecond and across
+/// a clock step back shorter than its life. `%d`: Lua would print a 16-digit number as `1.79e+15`.
+macro_rules! next_fence {
+    ($px:literal) => {
+        concat!(
+            r"local t = redis.call('time')
+  local fence = string.format('%d', t[1] * 1000000 + t[2])
+  local last = redis.call('set', R .. ':fence', fence, 'px', ",
+            $px,
+            r" + 60000, 'get')
+  if last and tonumber(last) >= tonumber(fence) then
+    fence = string.format('%d', tonumber(last) + 1)
+    redis.call('set', R .. ':fence', fence, 'px', ",
+            $px,
+            r" + 60000)
+  end
+"
+        )
+    };
+}
+
 /// Grants a free lock nobody queued for (R, token, ttl and meta in scope), returning `<open>1, fence, ttl<close>`.
 macro_rules! free_lock_fast_path {
     ($open:literal, $close:literal) => {
         concat!(
             r"if redis.call('exists', R, R .. ':queue') == 0 then
-  local fence = redis.call('incr', R .. ':fence')
-  redis.call('set', R, token .. ':' .. fence .. ':' .. meta, 'px', ttl)
+  ",
+            next_fence!("ttl"),
+            r"  redis.call('set', R, token .. ':' .. fence .. ':' .. meta, 'px', ttl)
   return ",
             $open,
-            "1, fence, tonumber(ttl)",
+            "1, tonumber(fence), tonumber(ttl)",
             $close,
             "\nend\n"
         )
@@ -54,7 +80,8 @@ macro_rules! free_lock_fast_path {
 /// lease it registered, and announces `<heir>:<fence>:<lease ms>`; the heir's token, or nil when nobody waits.
 macro_rules! hand_over_fn {
     () => {
-        r"local function hand_over(R)
+        concat!(
+            r"local function hand_over(R)
   local Q = R .. ':queue'
   while true do
     local heir = redis.call('zpopmin', Q)[1]
@@ -63,14 +90,16 @@ macro_rules! hand_over_fn {
     local w = redis.call('getdel', R .. ':waiter:' .. heir)
     if w then
       local lease, meta = string.match(w, '^(%d+):(.*)$')
-      local fence = redis.call('incr', R .. ':fence')
-      redis.call('set', R, heir .. '+' .. fence .. ':' .. meta, 'px', lease)
+      ",
+            next_fence!("lease"),
+            r"      redis.call('set', R, heir .. '+' .. fence .. ':' .. meta, 'px', lease)
       redis.call('publish', R .. ':released', heir .. ':' .. fence .. ':' .. lease)
       return heir
     end
   end
 end
 "
+        )
     };
 }
 
@@ -101,7 +130,8 @@ end
 /// 1, fence, ttl: the lock is this token's for `ttl` from now, granted now or claimed (a hand-over to this
 /// token, made by a release since its last busy attempt or by this call, is stretched to the full ttl).
 /// 0, the holder's fence, its PTTL: busy (and, with register > 0, queued or refreshed in the queue).
-/// The common case, a free lock nobody waits for, comes first: EXISTS, INCR, SET. Needs the functions above.
+/// The common case, a free lock nobody waits for, comes first: EXISTS, TIME, SET the fence, SET the record.
+/// Needs the functions above.
 macro_rules! acquire_fn {
     () => {
         concat!(
@@ -118,9 +148,10 @@ macro_rules! acquire_fn {
     if register > 0 then enqueue(R, v, token, register, lease, meta) end
     return 0, fence_of(v), redis.call('pttl', R)
   end
-  local fence = redis.call('incr', R .. ':fence')
-  redis.call('set', R, token .. ':' .. fence .. ':' .. meta, 'px', ttl)
-  return 1, fence, tonumber(ttl)
+  ",
+            next_fence!("ttl"),
+            r"  redis.call('set', R, token .. ':' .. fence .. ':' .. meta, 'px', ttl)
+  return 1, tonumber(fence), tonumber(ttl)
 end
 "
         )
@@ -306,6 +337,16 @@ return n"
 mod tests {
     use super::*;
     use crate::backend::{CHANNEL, FENCE};
+
+    /// Every grant keeps the last fencing token for its lease plus the retention the client documents.
+    #[test]
+    fn scripts_keep_the_fence_for_the_documented_retention() {
+        let retention = format!(" + {}, 'get')", crate::backend::FENCE_RETENTION.as_millis());
+        for script in [&*ACQUIRE, &*BATCH, &*RELEASE, &*FORCE_UNLOCK] {
+            assert!(script.source.contains(&retention), "{retention} in\n{}", script.source);
+            assert!(!script.source.contains("'incr'"), "a fence without expiry in\n{}", script.source);
+        }
+    }
 
     /// The scripts name a lock's fencing counter and channel after its record exactly as the client does.
     #[test]
