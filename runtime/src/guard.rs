@@ -83,8 +83,9 @@ impl LockGuard {
         &self.grant.token
     }
 
-    /// The fencing token of this grant: strictly greater than that of every earlier grant of the same key (while
-    /// the backend keeps its counter). Pass it with every write the lock protects, and have the storage reject
+    /// The fencing token of this grant: strictly greater than that of every earlier grant of the same key, also
+    /// after the server lost its state (a restart without persistence, FLUSHALL, a failover), as long as the
+    /// server's clock does not step back; below 2^53. Pass it with every write the lock protects, and have the storage reject
     /// writes carrying a token lower than the highest it has seen: that is what keeps a paused, stale holder
     /// from overwriting the new holder's work.
     pub fn fencing_token(&self) -> u64 {

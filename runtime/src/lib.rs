@@ -40,8 +40,9 @@
 //! - **S1** at most one valid guard per key, while clocks drift less than the drift allowance and the holder
 //!   is not paused past its deadline;
 //! - **S2** release, renew and extend act only with the grant's own 128-bit token, atomically (one script);
-//! - **S3** grant, fencing counter and lease are set by one script; all of a lock's keys share one hash slot;
-//! - **S4** fencing tokens rise strictly per key while the counter survives;
+//! - **S3** grant, fencing token and lease are set by one script; all of a lock's keys share one hash slot;
+//! - **S4** fencing tokens rise strictly per key, also across a restart without persistence, a FLUSHALL or a
+//!   failover (`max(last + 1, the server's clock in µs)`; below 2^53), while the server's clock does not step back;
 //! - **S5** the body never runs without a grant: not configured, busy, lost and backend errors are errors;
 //! - **S6** a guard's deadline never lies past the server's expiry of its grant: a lease counts from the
 //!   monotonic instant taken before sending the request the server answered, for the lease its reply reports,
