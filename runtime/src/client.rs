@@ -8,6 +8,7 @@ use once_cell::sync::OnceCell;
 
 use crate::backend::Timeouts;
 use crate::backend::{Backend, ConnectSettings, LockKeys, MemoryBackend, RedisBackend, ReplicaAcks};
+use crate::error::redact_url;
 use crate::renewer::Renewer;
 use crate::{LockError, LockRequest};
 
@@ -158,8 +159,18 @@ pub struct ClientBuilder {
 #[derive(Debug, Clone)]
 enum Store {
     Unset,
-    Redis(String),
+    Redis(RedisUrl),
     Memory,
+}
+
+/// A Redis URL, which may carry a password: `Debug` shows it redacted.
+#[derive(Clone)]
+struct RedisUrl(String);
+
+impl std::fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&redact_url(&self.0))
+    }
 }
 
 impl Default for ClientBuilder {
@@ -178,7 +189,7 @@ impl ClientBuilder {
     /// Keeps locks on the Redis server at `url` (`redis://[user:password@]host[:port][/db]`, `rediss://` for
     /// TLS, `redis+unix:///path`).
     pub fn redis(mut self, url: impl Into<String>) -> Self {
-        self.store = Store::Redis(url.into());
+        self.store = Store::Redis(RedisUrl(url.into()));
         self
     }
 
@@ -245,7 +256,7 @@ impl ClientBuilder {
                     "no store chosen: call ClientBuilder::redis(url) or ClientBuilder::memory()".into(),
                 ))
             }
-            Store::Redis(url) => {
+            Store::Redis(RedisUrl(url)) => {
                 let settings = ConnectSettings {
                     timeouts: self.timeouts,
                     prefix: &self.prefix,

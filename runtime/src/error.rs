@@ -142,7 +142,9 @@ fn is_permission_error(e: &redis::RedisError) -> bool {
 pub(crate) fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else { return url.to_owned() };
     let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    // Up to the query or fragment, not the first '/': a password may hold an unencoded '/' (the URL is then
+    // invalid, and its error message must not show it either).
+    let authority_end = rest.find(['?', '#']).unwrap_or(rest.len());
     let Some(at) = rest[..authority_end].rfind('@') else { return url.to_owned() };
     let userinfo = &rest[..at];
     let user = match userinfo.find(':') {
@@ -165,5 +167,7 @@ mod tests {
         assert_eq!(redact_url("redis://pw@h/"), "redis://:***@h/");
         assert_eq!(redact_url("redis+unix:///tmp/r.sock"), "redis+unix:///tmp/r.sock");
         assert_eq!(redact_url("not a url"), "not a url");
+        assert_eq!(redact_url("redis://u:pa/ss@h/0"), "redis://u:***@h/0");
+        assert_eq!(redact_url("redis://:pw@h/0?protocol=resp3#insecure"), "redis://:***@h/0?protocol=resp3#insecure");
     }
 }

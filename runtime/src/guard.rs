@@ -78,7 +78,8 @@ impl LockGuard {
         &self.grant.keys.name
     }
 
-    /// This grant's owner token.
+    /// This grant's owner token. Its `Display` and `Debug` are redacted; the whole token is a credential for
+    /// this grant (see [`LockToken::expose_secret`]).
     pub fn token(&self) -> &LockToken {
         &self.grant.token
     }

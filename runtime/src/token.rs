@@ -2,17 +2,19 @@
 
 use std::fmt;
 
-/// The secret that proves ownership of one grant of a lock.
+/// The secret that proves ownership of one grant of a lock: a bearer credential.
 ///
 /// It is 128 bits from the operating system's random source, hex-encoded. `Display` and `Debug` show only
-/// its first 8 characters, so logs never carry a whole token; [`as_str`](LockToken::as_str) gives all of it.
+/// its first 8 characters (enough to correlate log lines), so logs never carry a whole token. Whoever knows
+/// the whole token can release or extend this grant from anywhere: [`expose_secret`](LockToken::expose_secret)
+/// hands it out, for tests and tools that must match it against what Redis stores.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
 /// let client = distlock::Client::builder().memory().build().await?;
 /// let guard = client.lock("job").acquire().await?;
-/// assert_eq!(guard.token().as_str().len(), 32);
 /// assert!(format!("{}", guard.token()).ends_with('…'));
+/// assert_eq!(guard.token().expose_secret().len(), 32);
 /// # Ok(()) }
 /// ```
 #[derive(Clone, PartialEq, Eq)]
@@ -37,8 +39,13 @@ impl LockToken {
         Self([b'0'; 32])
     }
 
-    /// The whole token, as stored in Redis.
-    pub fn as_str(&self) -> &str {
+    /// The whole token, as stored in Redis. It is a credential for this grant: do not log it or send it
+    /// anywhere that does not need to act on the lock.
+    pub fn expose_secret(&self) -> &str {
+        self.as_str()
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
         // Always ASCII hex, so always UTF-8.
         std::str::from_utf8(&self.0).unwrap_or_default()
     }

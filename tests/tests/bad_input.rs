@@ -297,7 +297,7 @@ async fn distinct_template_values_never_share_a_lock() {
 // ---------------------------------------------------------------------------------------------------------
 
 /// A wrong or missing password is a clear error at build time, naming the server with the password
-/// redacted; with the right password, neither the client's nor a guard's `Debug` shows the password, and
+/// redacted; with the right password, neither the builder's, the client's nor a guard's `Debug` shows the password, and
 /// the guard's shows no full token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_password_is_a_clear_error_without_the_password_and_debug_redacts() {
@@ -322,6 +322,12 @@ async fn wrong_password_is_a_clear_error_without_the_password_and_debug_redacts(
     }
 
     let url = format!("redis://:{PASSWORD}@127.0.0.1:{port}/");
+    // Every public type that holds the URL: the builder too, before and after configuring it.
+    let builder = Client::builder().redis(url.clone()).key_prefix("p:");
+    for shown in [format!("{builder:?}"), format!("{:?}", builder.clone().response_timeout(secs(1)))] {
+        assert!(!shown.contains(PASSWORD), "the builder's Debug shows the password: {shown}");
+        assert!(shown.contains(&format!("127.0.0.1:{port}")), "the builder's Debug hides the server: {shown}");
+    }
     let client = Client::builder().redis(url).build().await.expect("the right password");
     let guard = client.lock("secret").acquire().await.unwrap();
     let (client_debug, guard_debug) = (format!("{client:?}"), format!("{guard:?}"));
@@ -329,8 +335,11 @@ async fn wrong_password_is_a_clear_error_without_the_password_and_debug_redacts(
         assert!(!shown.contains(PASSWORD), "Debug shows the password: {shown}");
     }
     assert!(client_debug.contains(&format!("127.0.0.1:{port}")), "Debug does not say which server: {client_debug}");
-    assert!(!guard_debug.contains(guard.token().as_str()), "the guard's Debug shows the whole token: {guard_debug}");
-    assert!(!format!("{}", guard.token()).contains(guard.token().as_str()));
+    assert!(
+        !guard_debug.contains(guard.token().expose_secret()),
+        "the guard's Debug shows the whole token: {guard_debug}"
+    );
+    assert!(!format!("{}", guard.token()).contains(guard.token().expose_secret()));
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
 }
 
@@ -360,7 +369,13 @@ async fn insecure_tls_url_is_refused_unless_opted_in() {
 /// Unusable URLs are `InvalidConfig` naming the URL with its password redacted.
 #[tokio::test]
 async fn unusable_urls_are_invalid_config_with_the_password_redacted() {
-    for url in ["not a url", "redis://user:secret-pw@127.0.0.1:notaport/", "http://user:secret-pw@127.0.0.1:1/"] {
+    let urls = [
+        "not a url",
+        "redis://user:secret-pw@127.0.0.1:notaport/",
+        "http://user:secret-pw@127.0.0.1:1/",
+        "redis://:secret-pw/with-a-slash@127.0.0.1:1/",
+    ];
+    for url in urls {
         let err = within(secs(20), url, Client::builder().redis(url).build()).await.expect_err(url);
         let text = format!("{err} {err:?}");
         assert!(!text.contains("secret-pw"), "{url}: password in the error: {text}");

@@ -47,7 +47,7 @@ async fn s03_starved_executor_guard_invalid_by_its_deadline_no_late_revival() {
     let before = Instant::now();
     let guard = fx.client().lock(KEY).ttl(ttl).acquire().await.expect("acquire");
     let after = Instant::now();
-    let token = guard.token().as_str().to_owned();
+    let token = guard.token().expose_secret().to_owned();
     // valid_until lies in [before, after] + ttl - drift.
     starve_until(before + ttl - drift(ttl) - ms(50));
     assert!(!guard.is_lost(), "invalid before its deadline ({:?} after acquiring)", before.elapsed());
@@ -129,7 +129,7 @@ async fn s08_guard_lost_by_the_clock_sends_only_its_release() {
     let mut sync = blocking_connection(server);
 
     let guard = fx.client().lock(KEY).ttl(ttl).acquire().await.expect("acquire");
-    let token = guard.token().as_str().to_owned();
+    let token = guard.token().expose_secret().to_owned();
     let acquired = Instant::now();
     starve_until(acquired + ttl + ms(100));
     assert!(guard.is_lost());
@@ -162,7 +162,7 @@ async fn s08_guard_the_server_called_gone_sends_nothing_after_the_loss() {
     let fx = Fixture::redis().await;
     let monitor = Monitor::start(fx.server().unwrap());
     let guard = fx.client().lock(KEY).ttl(ttl).acquire().await.expect("acquire");
-    let token = guard.token().as_str().to_owned();
+    let token = guard.token().expose_secret().to_owned();
     assert!(fx.other_client().await.force_unlock(KEY).await.unwrap());
     within(secs(2), "the renewal notices the loss", guard.lost()).await;
     let mut conn = fx.redis_connection().unwrap();

@@ -361,7 +361,7 @@ async fn s12_script_flush_renewal_falls_back_to_eval_and_keeps_the_lock() {
     let monitor = Monitor::start(fx.server().unwrap());
     let mut conn = fx.redis_connection().unwrap();
     let guard = fx.client().lock(KEY).ttl(ttl).acquire().await.expect("acquire");
-    let token = guard.token().as_str().to_owned();
+    let token = guard.token().expose_secret().to_owned();
     let mark = monitor.mark(&mut conn, "flush").await;
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.unwrap();
     let quoted = format!("\"{token}\"");

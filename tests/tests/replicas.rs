@@ -44,7 +44,7 @@ async fn grants_are_on_the_replica_when_acquire_returns() {
     let mut on_replica = replica.connection().await;
     let record: Option<String> = on_replica.get(client.record_key("replicated")).await.expect("GET on the replica");
     let record = record.expect("the grant is on the replica when acquire returns");
-    assert!(record.starts_with(guard.token().as_str()), "the replica holds this grant's record");
+    assert!(record.starts_with(guard.token().expose_secret()), "the replica holds this grant's record");
     guard.extend(Duration::from_secs(60)).await.expect("an acknowledged extension");
     assert_eq!(guard.release().await.expect("release"), distlock::ReleaseOutcome::Released);
 }

@@ -101,7 +101,7 @@ async fn hold(url: &str, key: &str, ttl: Duration, abort: bool) {
         .await
         .unwrap_or_else(|e| fail(&format!("acquire: {e}")));
     report(&format!("ACQUIRED {}", guard.fencing_token()));
-    report(&format!("TOKEN {}", guard.token().as_str()));
+    report(&format!("TOKEN {}", guard.token().expose_secret()));
     if abort {
         std::process::abort();
     }
