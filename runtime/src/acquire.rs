@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Announcement, Attempt, Hold, LockKeys, Queueing};
+use crate::backend::{Announcement, Attempt, Hold, LockKeys, Queueing, Store, WakeUps};
 use crate::grant::{Grant, Lease};
 use crate::{Client, LockError, LockGuard, LockRequest, LockToken, RetryStrategy};
 
@@ -34,14 +34,17 @@ pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockE
     let keys = LockKeys::new(&request.client.inner.prefix, std::mem::take(&mut request.key));
     let mut pending = Pending::new(&request.client, keys, LockToken::random());
     let backend = &request.client.inner.backend;
+    let capabilities = backend.capabilities();
     let started = Instant::now();
     let deadline = started.checked_add(request.wait).unwrap_or(started + FOREVER);
     let mut releases = None;
+    let mut waiting = false;
     let mut last_busy: Option<BusyAttempt> = None;
     let mut retries = 0;
     loop {
-        // Queue only once listening: a hand-over announced before that could be missed.
-        let queueing = releases.is_some().then(|| queueing(&request, retries + 1));
+        // Queue only once waiting, and listening where the store announces: a hand-over announced before
+        // that could be missed.
+        let queueing = (waiting && capabilities.fair_queue).then(|| queueing(&request, retries + 1));
         pending.queued |= queueing.is_some();
         pending.in_flight = true;
         let sent = Instant::now();
@@ -82,29 +85,40 @@ pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockE
         if now >= deadline || request.retry == RetryStrategy::None {
             return give_up(request, pending, started).await;
         }
-        let Some(releases) = releases.as_mut() else {
-            releases = Some(backend.watch_releases(&pending.keys, &pending.token).await?);
-            continue;
-        };
+        if !waiting {
+            waiting = true;
+            if capabilities.wake_ups == WakeUps::Exact {
+                releases = Some(backend.watch_releases(&pending.keys, &pending.token).await?);
+            }
+            if capabilities.fair_queue {
+                continue; // take a place in the queue at once
+            }
+        }
         retries += 1;
         let refresh = refresh_interval(&request, retries);
         let until = (now + remaining.map_or(refresh, |r| refresh.min(r)).max(Duration::from_millis(1))).min(deadline);
         // Wait for our hand-over, a reason to retry, or the time to refresh our place.
-        let handed = loop {
-            tokio::select! {
-                announcement = releases.next() => {
-                    if let Some(hold) = announcement.handed_to(&pending.token) {
-                        break Some(hold);
+        let handed = match releases.as_mut() {
+            Some(releases) => loop {
+                tokio::select! {
+                    announcement = releases.next() => {
+                        if let Some(hold) = announcement.handed_to(&pending.token) {
+                            break Some(hold);
+                        }
+                        if announcement == Announcement::Retry {
+                            break None;
+                        }
                     }
-                    if announcement == Announcement::Retry {
-                        break None;
-                    }
+                    () = tokio::time::sleep_until(until) => break None,
                 }
-                () = tokio::time::sleep_until(until) => break None,
+            },
+            None => {
+                tokio::time::sleep_until(until).await;
+                None
             }
         };
         // With replica acknowledgement a hand-over is always claimed, as the claim's write must be acknowledged.
-        let fresh = handed.filter(|_| !backend.waits_for_replicas()).and_then(|h| announced(&request, last_busy, h));
+        let fresh = handed.filter(|_| !capabilities.replica_acks).and_then(|h| announced(&request, last_busy, h));
         if let Some((fence, lease)) = fresh.filter(|(_, lease)| !lease.is_lost()) {
             return Ok(grant(request, pending, fence, lease));
         }
@@ -123,7 +137,7 @@ async fn give_up(request: LockRequest, mut pending: Pending, started: Instant) -
         if let Some(hold) = handed {
             let lease = Lease::granted(request.ttl, sent, hold.lease);
             // With replica acknowledgement, nobody waited for the hand-over's write: it cannot count.
-            if !lease.is_lost() && !backend.waits_for_replicas() {
+            if !lease.is_lost() && !backend.capabilities().replica_acks {
                 return Ok(grant(request, pending, hold.fence, lease));
             }
             return give_back(request, pending, started).await;
@@ -216,5 +230,47 @@ impl Drop for Pending {
                 tracing::debug!(key = %keys.name, error = %e, "distlock: a cancelled request could not clean up; its place and any orphan grant expire by themselves");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::backend::{Backend, Capabilities, Fencing, MemoryBackend, WakeUps};
+    use crate::client::ClientInner;
+    use crate::{Client, RetryStrategy};
+
+    /// A store without a wait queue or announcements (as Redlock will be): waiters poll on their retry
+    /// strategy, never queue, and still get the lock once it is free, within their wait.
+    #[tokio::test(start_paused = true)]
+    async fn without_queue_or_wake_ups_waiters_poll() {
+        let bare = Capabilities {
+            fair_queue: false,
+            wake_ups: WakeUps::None,
+            fencing: Fencing::Monotonic,
+            replica_acks: false,
+        };
+        let store = MemoryBackend::with_capabilities(bare);
+        let client = Client {
+            inner: Arc::new(ClientInner {
+                backend: Backend::Memory(store.clone()),
+                prefix: "t:".into(),
+                renewer: Default::default(),
+            }),
+        };
+        let holder = client.lock("k").ttl(Duration::from_secs(10)).acquire().await.unwrap();
+        let waiter = client
+            .lock("k")
+            .wait(Duration::from_secs(5))
+            .retry(RetryStrategy::Linear { step: Duration::from_millis(100) })
+            .acquire();
+        let waiter = tokio::spawn(waiter);
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        assert!(!store.has_queue("t:{k}"), "a waiter queued on a store without a fair queue");
+        holder.release().await.unwrap();
+        let guard = waiter.await.unwrap().expect("the waiter gets the lock by polling");
+        assert!(!guard.is_lost());
     }
 }

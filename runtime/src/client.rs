@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use once_cell::sync::OnceCell;
 
-use crate::backend::Timeouts;
 use crate::backend::{Backend, ConnectSettings, LockKeys, MemoryBackend, RedisBackend, ReplicaAcks};
+use crate::backend::{Store, Timeouts};
 use crate::error::redact_url;
 use crate::renewer::Renewer;
 use crate::{LockError, LockRequest};
@@ -149,7 +149,7 @@ impl Client {
 /// ```
 #[derive(Debug, Clone)]
 pub struct ClientBuilder {
-    store: Store,
+    store: StoreChoice,
     prefix: String,
     timeouts: Timeouts,
     allow_insecure_tls: bool,
@@ -157,7 +157,7 @@ pub struct ClientBuilder {
 }
 
 #[derive(Debug, Clone)]
-enum Store {
+enum StoreChoice {
     Unset,
     Redis(RedisUrl),
     Memory,
@@ -176,7 +176,7 @@ impl std::fmt::Debug for RedisUrl {
 impl Default for ClientBuilder {
     fn default() -> Self {
         Self {
-            store: Store::Unset,
+            store: StoreChoice::Unset,
             prefix: "distlock:".to_owned(),
             timeouts: Timeouts { connect: Duration::from_secs(2), response: Duration::from_secs(2) },
             allow_insecure_tls: false,
@@ -189,13 +189,13 @@ impl ClientBuilder {
     /// Keeps locks on the Redis server at `url` (`redis://[user:password@]host[:port][/db]`, `rediss://` for
     /// TLS, `redis+unix:///path`).
     pub fn redis(mut self, url: impl Into<String>) -> Self {
-        self.store = Store::Redis(RedisUrl(url.into()));
+        self.store = StoreChoice::Redis(RedisUrl(url.into()));
         self
     }
 
     /// Keeps locks in this process's memory: the same semantics, for tests and single-process programs.
     pub fn memory(mut self) -> Self {
-        self.store = Store::Memory;
+        self.store = StoreChoice::Memory;
         self
     }
 
@@ -251,12 +251,12 @@ impl ClientBuilder {
             return Err(LockError::InvalidConfig("connect and response timeouts must be above zero".into()));
         }
         let backend = match self.store {
-            Store::Unset => {
+            StoreChoice::Unset => {
                 return Err(LockError::InvalidConfig(
                     "no store chosen: call ClientBuilder::redis(url) or ClientBuilder::memory()".into(),
                 ))
             }
-            Store::Redis(RedisUrl(url)) => {
+            StoreChoice::Redis(RedisUrl(url)) => {
                 let settings = ConnectSettings {
                     timeouts: self.timeouts,
                     prefix: &self.prefix,
@@ -265,7 +265,7 @@ impl ClientBuilder {
                 };
                 Backend::Redis(RedisBackend::connect(&url, settings).await?)
             }
-            Store::Memory => Backend::Memory(MemoryBackend::default()),
+            StoreChoice::Memory => Backend::Memory(MemoryBackend::default()),
         };
         Ok(Client { inner: Arc::new(ClientInner { backend, prefix: self.prefix, renewer: Renewer::default() }) })
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::LockKeys;
+use crate::backend::{LockKeys, Store};
 use crate::{Client, LockError, LockToken, ReleaseOutcome};
 
 /// The allowance for clock-rate drift between this process and Redis: 1% of the lease plus 2 ms.

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::backend::Store;
 use crate::grant::{Grant, Lease};
 use crate::{LockError, LockToken};
 

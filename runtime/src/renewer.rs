@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::backend::Renewal;
+use crate::backend::{Renewal, Store};
 use crate::grant::{Grant, Lease, QueueKey};
 
 /// Schedules renewals for the grants of one client.

@@ -8,12 +8,28 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{Announcement, Attempt, Hold, LockKeys, Queueing, ReleaseWatch, FENCE_RETENTION};
+use super::{
+    Announcement, Attempt, Capabilities, Fencing, Hold, LockKeys, Queueing, ReleaseWatch, Store, WakeUps,
+    FENCE_RETENTION,
+};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub(crate) struct MemoryBackend {
     state: Arc<Mutex<MemoryState>>,
+    capabilities: Capabilities,
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        let capabilities = Capabilities {
+            fair_queue: true,
+            wake_ups: WakeUps::Exact,
+            fencing: Fencing::Monotonic,
+            replica_acks: false,
+        };
+        Self { state: Arc::default(), capabilities }
+    }
 }
 
 /// Everything keyed by the lock's record key.
@@ -150,12 +166,30 @@ impl MemoryState {
 }
 
 impl MemoryBackend {
+    /// Whether anyone is queued for the record `record`.
+    #[cfg(test)]
+    pub(crate) fn has_queue(&self, record: &str) -> bool {
+        self.state().queues.contains_key(record)
+    }
+
+    /// The same store claiming fewer guarantees, so the engine's paths for stores without them are tested.
+    #[cfg(test)]
+    pub(crate) fn with_capabilities(capabilities: Capabilities) -> Self {
+        Self { capabilities, ..Self::default() }
+    }
+
     fn state(&self) -> MutexGuard<'_, MemoryState> {
         // Every critical section leaves the maps consistent, so a panic elsewhere cannot have broken them.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
 
-    pub(crate) async fn acquire(
+impl Store for MemoryBackend {
+    fn capabilities(&self) -> Capabilities {
+        self.capabilities
+    }
+
+    async fn acquire(
         &self,
         keys: &LockKeys,
         token: &LockToken,
@@ -190,7 +224,7 @@ impl MemoryBackend {
         Ok(Attempt::Granted(Hold { fence, lease: ttl }))
     }
 
-    pub(crate) async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError> {
+    async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError> {
         let mut state = self.state();
         state.withdraw(keys, token);
         let now = Instant::now();
@@ -200,7 +234,7 @@ impl MemoryBackend {
             .map(|r| Hold { fence: r.fence, lease: r.expires_at.saturating_duration_since(now) }))
     }
 
-    pub(crate) async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
+    async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
         let mut state = self.state();
         match state.live(&keys.record) {
             Some(r) if r.token.as_deref() == Some(token.as_str()) => {
@@ -211,7 +245,7 @@ impl MemoryBackend {
         }
     }
 
-    pub(crate) async fn release(
+    async fn release(
         &self,
         keys: &LockKeys,
         token: &LockToken,
@@ -239,7 +273,7 @@ impl MemoryBackend {
         Ok(outcome)
     }
 
-    pub(crate) async fn remaining(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Duration>, LockError> {
+    async fn remaining(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Duration>, LockError> {
         let mut state = self.state();
         Ok(match state.live(&keys.record) {
             Some(r) if r.token.as_deref() == Some(token.as_str()) => {
@@ -249,7 +283,7 @@ impl MemoryBackend {
         })
     }
 
-    pub(crate) async fn info(&self, keys: &LockKeys) -> Result<Option<LockInfo>, LockError> {
+    async fn info(&self, keys: &LockKeys) -> Result<Option<LockInfo>, LockError> {
         let mut state = self.state();
         let waiting = state.queues.get(&keys.record).map_or(0, VecDeque::len);
         Ok(state.live(&keys.record).map(|r| LockInfo {
@@ -260,7 +294,7 @@ impl MemoryBackend {
         }))
     }
 
-    pub(crate) async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
+    async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
         let mut state = self.state();
         let existed = state.live(&keys.record).is_some();
         state.records.remove(&keys.record);
@@ -268,7 +302,7 @@ impl MemoryBackend {
         Ok(existed)
     }
 
-    pub(crate) async fn watch_releases(&self, keys: &LockKeys, _token: &LockToken) -> Result<ReleaseWatch, LockError> {
+    async fn watch_releases(&self, keys: &LockKeys, _token: &LockToken) -> Result<ReleaseWatch, LockError> {
         let mut state = self.state();
         let name = keys.channel();
         let channel = state
@@ -295,7 +329,7 @@ mod tests {
     use std::time::Duration;
 
     use super::{MemoryBackend, FENCE_RETENTION, SWEEP_FROM};
-    use crate::backend::{Attempt, LockKeys};
+    use crate::backend::{Attempt, LockKeys, Store};
     use crate::LockToken;
 
     /// The in-process store keeps the Redis store's promise: tokens rise across a new store (a new process)

@@ -1,13 +1,16 @@
-//! Where locks live: one Redis server, or this process's memory. Both give the same semantics.
+//! Where locks live: one Redis server, or this process's memory, each behind the [`Store`] trait, with the
+//! types the engine and the stores share.
 
 mod memory;
 mod redis;
+mod store;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use self::memory::MemoryBackend;
 pub(crate) use self::redis::{ConnectSettings, RedisBackend, ReplicaAcks, Timeouts};
+pub(crate) use self::store::{Capabilities, Fencing, Store, WakeUps};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 /// The names one lock uses in the backend. All share the hash tag `{<escaped key>}`, so in a cluster they sit
@@ -133,7 +136,8 @@ impl Announcement {
     }
 }
 
-/// A lock store. An enum rather than a trait object: two known backends, no allocation per call.
+/// The store a client talks to. An enum over the [`Store`]s rather than a trait object: async trait methods
+/// called through it need no allocation per call.
 // One per client, behind its Arc: the size difference between the variants costs nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
@@ -180,6 +184,7 @@ impl std::fmt::Debug for ReleaseWatch {
     }
 }
 
+/// Calls the same [`Store`] method on whichever store this is: enum dispatch, so no call allocates.
 macro_rules! dispatch {
     ($self:ident, $b:ident => $call:expr) => {
         match $self {
@@ -189,9 +194,12 @@ macro_rules! dispatch {
     };
 }
 
-impl Backend {
-    /// One attempt; while waiting, `queueing` keeps this token's place in the queue.
-    pub(crate) async fn acquire(
+impl Store for Backend {
+    fn capabilities(&self) -> Capabilities {
+        dispatch!(self, b => b.capabilities())
+    }
+
+    async fn acquire(
         &self,
         keys: &LockKeys,
         token: &LockToken,
@@ -202,32 +210,19 @@ impl Backend {
         dispatch!(self, b => b.acquire(keys, token, ttl, metadata, queueing).await)
     }
 
-    /// Leaves the queue; `Some` if the lock was handed to `token` meanwhile (it is then held).
-    pub(crate) async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError> {
+    async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError> {
         dispatch!(self, b => b.withdraw(keys, token).await)
     }
 
-    /// Sets the lease to `ttl` from now if `token` still owns the lock; false when it does not.
-    pub(crate) async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
+    async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
         dispatch!(self, b => b.renew(keys, token, ttl).await)
     }
 
-    /// Renews many locks in one go (one pipelined write to Redis); one outcome per item, in order.
-    pub(crate) async fn renew_many(&self, items: &[Renewal<'_>]) -> Result<Vec<Result<bool, LockError>>, LockError> {
-        match self {
-            Backend::Redis(b) => b.renew_many(items).await,
-            Backend::Memory(b) => {
-                let mut outcomes = Vec::with_capacity(items.len());
-                for item in items {
-                    outcomes.push(b.renew(item.keys, item.token, item.ttl).await);
-                }
-                Ok(outcomes)
-            }
-        }
+    async fn renew_many(&self, items: &[Renewal<'_>]) -> Result<Vec<Result<bool, LockError>>, LockError> {
+        dispatch!(self, b => b.renew_many(items).await)
     }
 
-    /// Gives the lock back; with `keep`, leaves it held (by nobody) for that much longer instead.
-    pub(crate) async fn release(
+    async fn release(
         &self,
         keys: &LockKeys,
         token: &LockToken,
@@ -236,28 +231,19 @@ impl Backend {
         dispatch!(self, b => b.release(keys, token, keep).await)
     }
 
-    /// The lease left, if `token` still owns the lock.
-    pub(crate) async fn remaining(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Duration>, LockError> {
+    async fn remaining(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Duration>, LockError> {
         dispatch!(self, b => b.remaining(keys, token).await)
     }
 
-    pub(crate) async fn info(&self, keys: &LockKeys) -> Result<Option<LockInfo>, LockError> {
+    async fn info(&self, keys: &LockKeys) -> Result<Option<LockInfo>, LockError> {
         dispatch!(self, b => b.info(keys).await)
     }
 
-    /// Deletes the lock whoever holds it and hands it to the next waiter; true if there was one.
-    pub(crate) async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
+    async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
         dispatch!(self, b => b.force_unlock(keys).await)
     }
 
-    /// Whether grants must be acknowledged by replicas before they count.
-    pub(crate) fn waits_for_replicas(&self) -> bool {
-        matches!(self, Backend::Redis(b) if b.waits_for_replicas())
-    }
-
-    /// Starts listening, as the waiter with `token`, for hand-overs of the lock; resolves once announcements
-    /// can no longer be missed.
-    pub(crate) async fn watch_releases(&self, keys: &LockKeys, token: &LockToken) -> Result<ReleaseWatch, LockError> {
+    async fn watch_releases(&self, keys: &LockKeys, token: &LockToken) -> Result<ReleaseWatch, LockError> {
         dispatch!(self, b => b.watch_releases(keys, token).await)
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, FromRedisValue, IntoConnectionInfo, ProtocolVersion, Value};
 
-use super::{Attempt, Hold, LockKeys, Queueing, ReleaseWatch, Renewal};
+use super::{Attempt, Capabilities, Fencing, Hold, LockKeys, Queueing, ReleaseWatch, Renewal, Store, WakeUps};
 use crate::error::{redact_url, BackendError};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
@@ -194,7 +194,39 @@ impl RedisBackend {
         .map_err(|e| self.error(keys, e))
     }
 
-    pub(crate) async fn acquire(
+    /// Whether the writes sent so far on the command connection reached the required replicas (always true
+    /// without `wait_for_replicas`). `WAIT` holds the shared connection until then: keep its timeout short.
+    pub(crate) async fn replicated(&self, keys: &LockKeys) -> Result<(), LockError> {
+        match self.replication_shortfall().await {
+            Ok(None) => Ok(()),
+            Ok(Some((acknowledged, required))) => {
+                Err(LockError::NotReplicated { key: keys.name.clone(), acknowledged, required })
+            }
+            Err(e) => Err(self.error(keys, e)),
+        }
+    }
+
+    /// `None` when enough replicas acknowledged (or none are required), else (acknowledged, required).
+    async fn replication_shortfall(&self) -> redis::RedisResult<Option<(u32, u32)>> {
+        let Some(ReplicaAcks { count, timeout }) = self.replicas else { return Ok(None) };
+        let mut conn = self.commands.clone();
+        let acknowledged: u32 =
+            redis::cmd("WAIT").arg(count).arg(millis(timeout).max(1)).query_async(&mut conn).await?;
+        Ok((acknowledged < count).then_some((acknowledged, count)))
+    }
+}
+
+impl Store for RedisBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fair_queue: true,
+            wake_ups: WakeUps::Exact,
+            fencing: Fencing::Monotonic,
+            replica_acks: self.replicas.is_some(),
+        }
+    }
+
+    async fn acquire(
         &self,
         keys: &LockKeys,
         token: &LockToken,
@@ -228,32 +260,7 @@ impl RedisBackend {
         Ok(attempt)
     }
 
-    /// Whether the writes sent so far on the command connection reached the required replicas (always true
-    /// without `wait_for_replicas`). `WAIT` holds the shared connection until then: keep its timeout short.
-    pub(crate) async fn replicated(&self, keys: &LockKeys) -> Result<(), LockError> {
-        match self.replication_shortfall().await {
-            Ok(None) => Ok(()),
-            Ok(Some((acknowledged, required))) => {
-                Err(LockError::NotReplicated { key: keys.name.clone(), acknowledged, required })
-            }
-            Err(e) => Err(self.error(keys, e)),
-        }
-    }
-
-    /// `None` when enough replicas acknowledged (or none are required), else (acknowledged, required).
-    async fn replication_shortfall(&self) -> redis::RedisResult<Option<(u32, u32)>> {
-        let Some(ReplicaAcks { count, timeout }) = self.replicas else { return Ok(None) };
-        let mut conn = self.commands.clone();
-        let acknowledged: u32 =
-            redis::cmd("WAIT").arg(count).arg(millis(timeout).max(1)).query_async(&mut conn).await?;
-        Ok((acknowledged < count).then_some((acknowledged, count)))
-    }
-
-    pub(crate) fn waits_for_replicas(&self) -> bool {
-        self.replicas.is_some()
-    }
-
-    pub(crate) async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError> {
+    async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError> {
         let (fence, pttl): (i64, i64) = self
             .eval(&WITHDRAW, keys, |c| {
                 c.arg(1).arg(&keys.record).arg(token.as_str());
@@ -265,7 +272,7 @@ impl RedisBackend {
         })
     }
 
-    pub(crate) async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
+    async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
         let renewed: i64 = self
             .eval(&RENEW, keys, |c| {
                 c.arg(1).arg(&keys.record).arg(token.as_str()).arg(millis(ttl));
@@ -279,7 +286,7 @@ impl RedisBackend {
 
     /// The renewals in one round trip: one RENEW_MANY call per [`RENEWALS_PER_CALL`] locks, pipelined; if the
     /// server lost its script cache, once more as EVAL.
-    pub(crate) async fn renew_many(&self, items: &[Renewal<'_>]) -> Result<Vec<Result<bool, LockError>>, LockError> {
+    async fn renew_many(&self, items: &[Renewal<'_>]) -> Result<Vec<Result<bool, LockError>>, LockError> {
         let pipeline = |by_source: bool| {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
@@ -338,7 +345,7 @@ impl RedisBackend {
             .collect())
     }
 
-    pub(crate) async fn release(
+    async fn release(
         &self,
         keys: &LockKeys,
         token: &LockToken,
@@ -356,7 +363,7 @@ impl RedisBackend {
         }
     }
 
-    pub(crate) async fn remaining(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Duration>, LockError> {
+    async fn remaining(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Duration>, LockError> {
         let pttl: i64 = self
             .eval(&REMAINING, keys, |c| {
                 c.arg(1).arg(&keys.record).arg(token.as_str());
@@ -370,7 +377,7 @@ impl RedisBackend {
         })
     }
 
-    pub(crate) async fn info(&self, keys: &LockKeys) -> Result<Option<LockInfo>, LockError> {
+    async fn info(&self, keys: &LockKeys) -> Result<Option<LockInfo>, LockError> {
         let info: Option<(String, u64, i64, usize)> = self
             .eval(&INFO, keys, |c| {
                 c.arg(1).arg(&keys.record);
@@ -384,7 +391,7 @@ impl RedisBackend {
         }))
     }
 
-    pub(crate) async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
+    async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
         let deleted: i64 = self
             .eval(&FORCE_UNLOCK, keys, |c| {
                 c.arg(1).arg(&keys.record);
@@ -393,7 +400,7 @@ impl RedisBackend {
         Ok(deleted == 1)
     }
 
-    pub(crate) async fn watch_releases(&self, keys: &LockKeys, token: &LockToken) -> Result<ReleaseWatch, LockError> {
+    async fn watch_releases(&self, keys: &LockKeys, token: &LockToken) -> Result<ReleaseWatch, LockError> {
         self.subscriber.watch(&keys.channel(), token).await.map_err(|e| self.error(keys, e))
     }
 }

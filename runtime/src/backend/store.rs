@@ -1,0 +1,94 @@
+//! The seam every lock store plugs into: what a store does ([`Store`]) and what it guarantees
+//! ([`Capabilities`]). The engine (acquire, renewal, release) is written once against it; a new store brings
+//! its own commands and never copies lock logic.
+
+use std::time::Duration;
+
+use super::{Attempt, Hold, LockKeys, Queueing, ReleaseWatch, Renewal};
+use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
+
+/// What a store guarantees. The engine reads this instead of asking which store it talks to, and a guarantee a
+/// store cannot keep is stated here, never faked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Capabilities {
+    /// Waiters queue in arrival order and a release hands the lock straight to the longest live waiter.
+    /// Without it, waiters retry on their own and nobody is first in line.
+    pub(crate) fair_queue: bool,
+    /// How a waiter hears that the lock may be free.
+    pub(crate) wake_ups: WakeUps,
+    /// What fencing tokens promise.
+    pub(crate) fencing: Fencing,
+    /// Grants, renewals and extends count only once replicas acknowledged them; a hand-over, written by the
+    /// releaser's call, must then be claimed by the heir's own attempt, whose write is acknowledged.
+    pub(crate) replica_acks: bool,
+}
+
+/// How waiters are woken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WakeUps {
+    /// A hand-over is announced to its heir ([`ReleaseWatch`]); a possibly missed one says `Retry`.
+    Exact,
+    /// Nothing is announced: waiters retry on their retry strategy's schedule.
+    #[cfg_attr(not(test), expect(dead_code, reason = "no store without announcements yet (Redlock's, issue 12)"))]
+    None,
+}
+
+/// What fencing tokens promise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fencing {
+    /// Strictly rising per key, also across the store's loss of state (its clock keeps them rising).
+    Monotonic,
+}
+
+/// A lock store. Every call is about one lock (`keys`), acts only with the grant's own token, and is atomic
+/// in the store (one script on Redis, one critical section in memory).
+pub(crate) trait Store {
+    fn capabilities(&self) -> Capabilities;
+
+    /// One attempt; while waiting, `queueing` keeps this token's place in the queue (only with a fair queue).
+    /// A hand-over made to `token` is claimed by it and stretched to `ttl`.
+    async fn acquire(
+        &self,
+        keys: &LockKeys,
+        token: &LockToken,
+        ttl: Duration,
+        metadata: &str,
+        queueing: Option<Queueing>,
+    ) -> Result<Attempt, LockError>;
+
+    /// Leaves the queue; `Some` if the lock was handed to `token` meanwhile (it is then held).
+    async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError>;
+
+    /// Sets the lease to `ttl` from now if `token` still owns the lock; false when it does not.
+    async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError>;
+
+    /// Renews many locks at once (one round trip where the store can); one outcome per item, in order.
+    async fn renew_many(&self, items: &[Renewal<'_>]) -> Result<Vec<Result<bool, LockError>>, LockError> {
+        let mut outcomes = Vec::with_capacity(items.len());
+        for item in items {
+            outcomes.push(self.renew(item.keys, item.token, item.ttl).await);
+        }
+        Ok(outcomes)
+    }
+
+    /// Gives the lock back if `token` owns it; with `keep`, leaves it held (by nobody) that much longer.
+    async fn release(
+        &self,
+        keys: &LockKeys,
+        token: &LockToken,
+        keep: Option<Duration>,
+    ) -> Result<ReleaseOutcome, LockError>;
+
+    /// The lease left, if `token` still owns the lock.
+    async fn remaining(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Duration>, LockError>;
+
+    /// Who holds the lock, if anyone.
+    async fn info(&self, keys: &LockKeys) -> Result<Option<LockInfo>, LockError>;
+
+    /// Deletes the lock whoever holds it and hands it to the next waiter; true if there was one.
+    async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError>;
+
+    /// Starts listening, as the waiter with `token`, for hand-overs of the lock; resolves once announcements
+    /// can no longer be missed. Only called when the store's wake-ups are [`WakeUps::Exact`].
+    async fn watch_releases(&self, keys: &LockKeys, token: &LockToken) -> Result<ReleaseWatch, LockError>;
+}
