@@ -11,6 +11,7 @@
 //! point of the schedule.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use distlock::{Client, LockError, LockGuard, LockRequest, ReleaseOutcome, RetryStrategy};
 use distlock_tests::monitor::{is_client_command, monitor_args, Monitor};
@@ -86,6 +87,20 @@ async fn take_within(client: &Client, key: &str, limit: Instant) -> Option<LockG
     }
 }
 
+/// On Redis, waits until `MONITOR` shows the next queued attempt on `record` (W's), then `settle` more: W has
+/// read its reply and sits between two attempts when the test stalls it next (a stall with an attempt in
+/// flight is another schedule). In-process attempts never leave W's thread: nothing to wait for.
+async fn between_attempts(monitor: Option<&Monitor>, record: &str, settle: Duration) {
+    if let Some(monitor) = monitor {
+        let from = monitor.len();
+        wait_monitor(monitor, from, "W's next queued attempt", |lines| {
+            acquire_calls(lines, record).into_iter().find(|a| a.len() == 9)
+        })
+        .await;
+        tokio::time::sleep(settle).await;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Schedule 1: stale hand-over after a stall
 // ---------------------------------------------------------------------------------------------------------
@@ -103,6 +118,7 @@ async fn take_within(client: &Client, key: &str, limit: Instant) -> Option<LockG
 async fn s15_1_stale_handover_after_stall(fx: Fixture) {
     const KEY: &str = "s15-1";
     let _serial = serial().await;
+    let monitor = fx.server().map(Monitor::start);
     let w_runtime = StallableRuntime::start("W");
     let w_client = client_on(&fx, &w_runtime).await;
     let c_client = fx.other_client().await;
@@ -111,6 +127,8 @@ async fn s15_1_stale_handover_after_stall(fx: Fixture) {
     let mut w = w_runtime.spawn(acquire(w_client.lock(KEY).ttl(ms(150)).wait(secs(3))));
     eventually(secs(5), "W queued behind H", || async { waiting(fx.client(), KEY).await == 1 }).await;
 
+    // W refreshes its place every 12-50 ms.
+    between_attempts(monitor.as_ref(), &fx.client().record_key(KEY), ms(4)).await;
     let wakes = w_runtime.stall(ms(500)).await;
     // H releases: the script hands k to the stalled W, with the ~150 ms hand-over lease W registered.
     assert_eq!(h.release().await.expect("H's release"), ReleaseOutcome::Released);
@@ -182,6 +200,7 @@ async fn s15_2b_late_claim_after_wait_ran_out_during_stall(fx: Fixture) {
 
 async fn late_claim(fx: Fixture, key: &'static str, wait_runs_out: bool) {
     let _serial = serial().await;
+    let monitor = fx.server().map(Monitor::start);
     let ttl = secs(5);
     let stall = ms(140);
     let w_runtime = StallableRuntime::start("W");
@@ -198,6 +217,8 @@ async fn late_claim(fx: Fixture, key: &'static str, wait_runs_out: bool) {
         // The stall covers W's deadline (started + 240 ms).
         tokio::time::sleep_until(started + ms(150)).await;
     }
+    // W refreshes its place every 5-10 ms.
+    between_attempts(monitor.as_ref(), &fx.client().record_key(key), ms(2)).await;
     let stalled = Instant::now();
     let wakes = w_runtime.stall(stall).await;
     if wait_runs_out {
