@@ -132,8 +132,8 @@ async fn s15_1_stale_handover_after_stall(fx: Fixture) {
     let wakes = w_runtime.stall(ms(500)).await;
     // H releases: the script hands k to the stalled W, with the ~150 ms hand-over lease W registered.
     assert_eq!(h.release().await.expect("H's release"), ReleaseOutcome::Released);
-    let handed = fx.client().lock_info(KEY).await.expect("lock_info");
-    assert_eq!(handed.map(|i| i.fencing_token), Some(h_fence + 1), "setup: the release handed k to W");
+    let handed = fx.client().lock_info(KEY).await.expect("lock_info").map(|i| i.fencing_token);
+    assert!(handed.is_some_and(|fence| fence > h_fence), "setup: the release handed k to W: {handed:?}");
     // Unclaimed, the hand-over lapses; C takes k while W is still stalled.
     let c = take_within(&c_client, KEY, wakes - ms(100)).await;
     let c =
@@ -159,10 +159,9 @@ async fn s15_1_stale_handover_after_stall(fx: Fixture) {
             !(outcome.valid_on_return && c_valid),
             "two valid guards on {KEY}: W's acquire returned {:?} after its stall with fence {:?} and \
              is_lost() == false, while C holds fence {c_fence} (granted while W was stalled) and is valid; \
-             W's hand-over (fence {}) had lapsed before C's grant",
+             W's hand-over (fence {handed:?}) had lapsed before C's grant",
             outcome.returned.saturating_duration_since(wakes),
             outcome.fence(),
-            h_fence + 1,
         );
     }
     drop(outcome);
@@ -376,23 +375,35 @@ async fn s15_3_lease_assumed_after_dropped_reply() {
     assert!(proxy.set_connection_fault(COMMANDS, Fault::Pass));
 
     let (returned, valid_on_return, w_fence) = within(secs(5), "W's acquire", returned_rx).await.expect("W reported");
-    // W is stalled now; its grant's lease on the server is the ~150 ms hand-over lease.
+    // W is stalled now. On the server its grant has the ~150 ms hand-over lease (a correct engine may instead
+    // have claimed it for the full ttl: then C stays out, and the record must be W's).
     let c = take_within(&c_client, KEY, returned + ms(350)).await;
-    let c =
-        c.unwrap_or_else(|| panic!("setup: C could not take {KEY} while W was stalled; W's acquire gave {w_fence:?}"));
     let c_granted = Instant::now();
     let (outcome, valid_after_stall, checked) = within(secs(5), "W's stall", w).await.expect("W's task");
-    assert!(c_granted < checked, "setup: C was granted after W's check");
-    let c_valid = !c.is_lost();
-    assert!(
-        !(valid_after_stall && c_valid),
-        "two valid guards on {KEY}: W (fence {w_fence:?}, valid on return: {valid_on_return}) still says valid \
-         {:?} after its acquire returned, while C (fence {}) was granted {:?} after it and is valid; W's lease on \
-         the server was the short hand-over lease, the client assumed its full 10 s ttl",
-        checked.saturating_duration_since(returned),
-        c.fencing_token(),
-        c_granted.saturating_duration_since(returned),
-    );
+    let stalled_for = checked.saturating_duration_since(returned);
+    match c {
+        Some(c) => {
+            assert!(c_granted < checked, "setup: C was granted after W's check");
+            let c_valid = !c.is_lost();
+            assert!(
+                !(valid_after_stall && c_valid),
+                "two valid guards on {KEY}: W (fence {w_fence:?}, valid on return: {valid_on_return}) still says \
+                 valid {stalled_for:?} after its acquire returned, while C (fence {}) was granted {:?} after it and \
+                 is valid; W's lease on the server was the short hand-over lease, the client assumed its full 10 s \
+                 ttl",
+                c.fencing_token(),
+                c_granted.saturating_duration_since(returned),
+            );
+        }
+        None => {
+            let info = fx.client().lock_info(KEY).await.expect("lock_info");
+            assert!(
+                !valid_after_stall || info.as_ref().map(|i| i.fencing_token) == w_fence,
+                "W (fence {w_fence:?}) says valid {stalled_for:?} after its acquire returned, but the server's record \
+                 is {info:?}"
+            );
+        }
+    }
     drop(outcome);
     drop(w_runtime);
 }
