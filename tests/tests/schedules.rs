@@ -307,6 +307,9 @@ async fn wait_monitor<T>(
 /// the crashed holder's record is deleted (its lease "lapses"; no announcement, as on expiry) and the
 /// command connection is healed, which resets it: the resend (or the next attempt) is handed the lock.
 ///
+/// A correct engine either dates W's lease from what the server granted (then W says lost by the time C
+/// takes the key) or claims the hand-over for the full ttl (then C stays out, and the record must be W's).
+///
 /// Current engine: fails (W says valid after its stall while C holds the key).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s15_3_lease_assumed_after_dropped_reply() {
