@@ -67,6 +67,8 @@ struct Shared {
 }
 
 struct ConnCtl {
+    /// Its place in the order of acceptance: 0 for the first connection the proxy accepted.
+    ordinal: u64,
     fault: watch::Sender<Fault>,
     /// A one-shot reset, independent of the fault.
     kill: watch::Sender<bool>,
@@ -141,6 +143,15 @@ impl FaultProxy {
     /// [`Fault::Blackhole`] here lets an existing connection work while any new one hangs.
     pub fn set_fault_for_new_connections(&self, fault: Fault) {
         self.shared.default.send_replace(fault);
+    }
+
+    /// Switches only the connection the proxy accepted `ordinal`-th (0 for the first; see
+    /// [`ProxyStats::accepted`]) to `fault`, if it is still open; every other connection, and the fault new
+    /// ones get, is left alone. E.g. a client's command connection loses its replies while its subscriber
+    /// connection keeps working. Whether that connection was open.
+    pub fn set_connection_fault(&self, ordinal: u64, fault: Fault) -> bool {
+        let conn = self.live().into_iter().find(|c| c.ordinal == ordinal);
+        conn.map(|c| c.fault.send_replace(fault)).is_some()
     }
 
     /// The fault new connections get.
@@ -227,9 +238,13 @@ async fn accept_loop(mut listener: TcpListener, addr: SocketAddr, shared: Arc<Sh
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((client, _)) = accepted else { continue };
-                shared.accepted.fetch_add(1, Ordering::SeqCst);
+                let ordinal = shared.accepted.fetch_add(1, Ordering::SeqCst);
                 let fault = *default.borrow();
-                let ctl = Arc::new(ConnCtl { fault: watch::Sender::new(fault), kill: watch::Sender::new(false) });
+                let ctl = Arc::new(ConnCtl {
+                    ordinal,
+                    fault: watch::Sender::new(fault),
+                    kill: watch::Sender::new(false),
+                });
                 shared.conns.lock().unwrap_or_else(PoisonError::into_inner).push(Arc::downgrade(&ctl));
                 let upstream = *shared.upstream.borrow();
                 tokio::spawn(serve(client, upstream, ctl, Arc::clone(&shared)));
