@@ -663,6 +663,24 @@ fn check_register(
     }
 }
 
+/// Whether a worker log shows progress since `since`: a grant asked for then or later, released as
+/// `Released` (what [`Check::Progress`] wants of every worker after the heal).
+pub fn progressed(log: &str, since: u64) -> bool {
+    let mut granted: Vec<(String, String)> = Vec::new();
+    for e in parse_log(log).0 {
+        match e {
+            Event::Grant { key, tok, t0, .. } if t0 >= since => granted.push((key, tok)),
+            Event::Release { key, tok, outcome, .. } if outcome == "released" => {
+                if granted.contains(&(key, tok)) {
+                    return true;
+                }
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
 /// The last `n` lines of a log, for failure output.
 pub fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.split_terminator('\n').collect();
@@ -891,6 +909,14 @@ mod tests {
         let verdict = check(&h);
         only(&verdict, Check::Exit);
         assert!(verdict.to_string().contains("hung"), "{verdict}");
+    }
+
+    #[test]
+    fn progress_is_a_grant_since_then_released() {
+        let log = cycles(0, &[("a", 1, "aaaa0001", 10, 50), ("b", 1, "bbbb0001", 1100, 20)]);
+        assert!(progressed(&log, 1000 * MS));
+        assert!(!progressed(&log, 1101 * MS));
+        assert!(!progressed(&log.replace("released", "expired"), 1000 * MS));
     }
 
     #[test]
