@@ -280,6 +280,8 @@ pub struct Violation {
     pub check: Check,
     /// What happened, with the events involved.
     pub detail: String,
+    /// The grants involved, as (worker, incarnation, short token id), to show their log lines.
+    pub grants: Vec<(usize, u32, String)>,
 }
 
 /// Counts, for the summary line.
@@ -360,6 +362,11 @@ struct GrantView {
 }
 
 impl GrantView {
+    /// (worker, incarnation, short token id).
+    fn id(&self) -> (usize, u32, String) {
+        (self.worker, self.inc, self.tok.clone())
+    }
+
     /// The interval in which the grant was certainly valid, if not empty.
     fn certain(&self) -> Option<(u64, u64)> {
         self.last_valid.filter(|&end| end > self.t1).map(|end| (self.t1, end))
@@ -423,6 +430,7 @@ pub fn check(history: &History) -> Verdict {
             } else {
                 verdict.violations.push(Violation {
                     check: Check::Log,
+                    grants: Vec::new(),
                     detail: format!("w{}#{}: malformed log line {} of {lines}: {line:?}", p.worker, p.inc, i + 1),
                 });
             }
@@ -453,6 +461,7 @@ pub fn check(history: &History) -> Verdict {
                     }
                     None => verdict.violations.push(Violation {
                         check: Check::Log,
+                        grants: Vec::new(),
                         detail: format!("w{}#{}: validity of a grant never logged: {e:?}", p.worker, p.inc),
                     }),
                 },
@@ -475,6 +484,7 @@ pub fn check(history: &History) -> Verdict {
                 }
                 Event::Panic { msg, t } => verdict.violations.push(Violation {
                     check: Check::Exit,
+                    grants: Vec::new(),
                     detail: format!("w{}#{} panicked at {}: {msg}", p.worker, p.inc, rel(*t, origin)),
                 }),
                 Event::Exit { .. } => exited = true,
@@ -488,9 +498,11 @@ pub fn check(history: &History) -> Verdict {
                 Some(0) => String::from("exited with status 0 but never logged its exit"),
                 Some(code) => format!("exited with status {code} (crashed)"),
             };
-            verdict
-                .violations
-                .push(Violation { check: Check::Exit, detail: format!("w{}#{}: {how}", p.worker, p.inc) });
+            verdict.violations.push(Violation {
+                check: Check::Exit,
+                grants: Vec::new(),
+                detail: format!("w{}#{}: {how}", p.worker, p.inc),
+            });
         }
     }
     verdict.stats.certain = grants.iter().filter(|g| g.certain().is_some()).count();
@@ -505,6 +517,7 @@ pub fn check(history: &History) -> Verdict {
             let last = grants.iter().filter(|g| g.worker == w).max_by_key(|g| g.t1);
             verdict.violations.push(Violation {
                 check: Check::Progress,
+                grants: Vec::new(),
                 detail: format!(
                     "w{w}: no grant released as Released after the heal at {}; its last grant: {}",
                     rel(history.healed_at, origin),
@@ -535,6 +548,7 @@ fn check_overlaps(grants: &[GrantView], origin: u64, verdict: &mut Verdict) {
                 if start < r_end && r.tok != g.tok {
                     verdict.violations.push(Violation {
                         check: Check::Overlap,
+                        grants: vec![r.id(), g.id()],
                         detail: format!(
                             "two grants of key {} certainly valid at once for {:.3} ms:\n    {}\n    {}",
                             g.key,
@@ -567,6 +581,7 @@ fn check_fences(grants: &[GrantView], origin: u64, verdict: &mut Verdict) {
             if let Some(other) = by_fence.insert(g.fence, g) {
                 verdict.violations.push(Violation {
                     check: Check::Overlap,
+                    grants: vec![other.id(), g.id()],
                     detail: format!(
                         "two grants of key {key} share fencing token {}:\n    {}\n    {}",
                         g.fence,
@@ -593,6 +608,7 @@ fn check_fences(grants: &[GrantView], origin: u64, verdict: &mut Verdict) {
                 if h.fence >= g.fence && h.tok != g.tok {
                     verdict.violations.push(Violation {
                         check: Check::Overlap,
+                        grants: vec![h.id(), g.id()],
                         detail: format!(
                             "fencing token of key {key} did not rise: a grant asked for after another returned has \
                              a token not above it:\n    {}\n    {}",
@@ -619,6 +635,7 @@ fn check_register(
         if let Some(pair) = list.windows(2).find(|p| p[1] <= p[0]) {
             verdict.violations.push(Violation {
                 check: Check::Register,
+                grants: Vec::new(),
                 detail: format!("register of key {key} accepted token {} after {}: {list:?}", pair[1], pair[0]),
             });
         }
@@ -626,6 +643,7 @@ fn check_register(
             if !grants.iter().any(|g| &g.key == key && g.fence == *token) {
                 verdict.violations.push(Violation {
                     check: Check::Register,
+                    grants: Vec::new(),
                     detail: format!("register of key {key} accepted token {token}, which no worker logged a grant of"),
                 });
             }
@@ -637,6 +655,7 @@ fn check_register(
             if !history.register.get(key).is_some_and(|l| l.contains(fence)) {
                 verdict.violations.push(Violation {
                     check: Check::Register,
+                    grants: Vec::new(),
                     detail: format!(
                         "w{worker}#{inc} logged its write of token {fence} on key {key} accepted at {}, but the \
                          register does not list it",
@@ -651,6 +670,7 @@ fn check_register(
         if g.t1 <= *t0 && g.last_valid.is_some_and(|v| v >= *t1) {
             verdict.violations.push(Violation {
                 check: Check::Register,
+                grants: vec![g.id()],
                 detail: format!(
                     "the register rejected a write of token {fence} (it had seen {highest}) sent at {} and answered \
                      at {}, while its grant was certainly valid:\n    {}",
@@ -679,6 +699,24 @@ pub fn progressed(log: &str, since: u64) -> bool {
         }
     }
     false
+}
+
+/// The lines of a worker log about the grant with short token id `tok`, for failure output: its grant,
+/// write and release, and of its run of `valid` observations only the first and the last.
+pub fn grant_lines(log: &str, tok: &str) -> String {
+    let needle = format!("\"tok\":\"{tok}\"");
+    let lines: Vec<&str> = log.split_terminator('\n').filter(|l| l.contains(&needle)).collect();
+    let mut out = String::new();
+    for (i, l) in lines.iter().enumerate() {
+        let valid = l.starts_with("{\"ev\":\"valid\"");
+        let between =
+            |j: Option<usize>| j.and_then(|j| lines.get(j)).is_some_and(|n| n.starts_with("{\"ev\":\"valid\""));
+        if valid && between(i.checked_sub(1)) && between(Some(i + 1)) {
+            continue;
+        }
+        let _ = writeln!(out, "    {l}");
+    }
+    out
 }
 
 /// The last `n` lines of a log, for failure output.
@@ -909,6 +947,20 @@ mod tests {
         let verdict = check(&h);
         only(&verdict, Check::Exit);
         assert!(verdict.to_string().contains("hung"), "{verdict}");
+    }
+
+    #[test]
+    fn a_violation_names_its_grants_and_their_lines_can_be_shown() {
+        let mut h = clean();
+        let w1 =
+            cycles(1, &[("a", 2, "aaaa0002", 70, 50), ("a", 4, "aaaa0004", 150, 50), ("a", 5, "aaaa0005", 1200, 20)]);
+        h.incarnations[1] = incarnation(1, w1.clone());
+        let verdict = check(&h);
+        let grants = &verdict.of(Check::Overlap)[0].grants;
+        assert_eq!(grants, &vec![(0, 0, k("aaaa0003")), (1, 0, k("aaaa0004"))]);
+        let lines = grant_lines(&w1, "aaaa0004");
+        assert!(lines.contains("\"ev\":\"grant\"") && lines.contains("\"ev\":\"release\""), "{lines}");
+        assert_eq!(lines.lines().count(), 5, "{lines}");
     }
 
     #[test]

@@ -328,6 +328,12 @@ impl Soak {
             "soak FAILED with DISTLOCK_SOAK_SEED={} (times relative to the start of the run)\n{verdict}\n",
             self.seed
         );
+        for v in &verdict.violations {
+            for (worker, inc, tok) in &v.grants {
+                out += &format!("--- w{worker}#{inc}'s log lines of grant {tok} ---\n");
+                out += &soak::grant_lines(&self.read_log(*worker, *inc), tok);
+            }
+        }
         out += &format!("--- nemesis ({} actions) ---\n", self.nemesis.len());
         for line in &self.nemesis {
             out += &format!("    {line}\n");
