@@ -530,7 +530,7 @@ pub fn check(history: &History) -> Verdict {
     verdict
 }
 
-/// 1. No two grants of a key (different tokens) certainly valid at overlapping moments.
+/// Check 1: no two grants of a key (different tokens) certainly valid at overlapping moments.
 fn check_overlaps(grants: &[GrantView], origin: u64, verdict: &mut Verdict) {
     let mut by_key: BTreeMap<&str, Vec<&GrantView>> = BTreeMap::new();
     for g in grants.iter().filter(|g| g.certain().is_some()) {
@@ -568,8 +568,8 @@ fn check_overlaps(grants: &[GrantView], origin: u64, verdict: &mut Verdict) {
     }
 }
 
-/// 1. Fencing tokens rise with real time: a grant whose acquire began after another's returned has a higher
-/// token; two grants never share one.
+/// Check 1, fencing: tokens rise with real time (a grant whose acquire began after another's returned has a
+/// higher token), and two grants never share one.
 fn check_fences(grants: &[GrantView], origin: u64, verdict: &mut Verdict) {
     let mut by_key: BTreeMap<&str, Vec<&GrantView>> = BTreeMap::new();
     for g in grants {
@@ -622,7 +622,7 @@ fn check_fences(grants: &[GrantView], origin: u64, verdict: &mut Verdict) {
     }
 }
 
-/// 2. The fenced register.
+/// Check 2: the fenced register.
 fn check_register(
     history: &History,
     grants: &[GrantView],
@@ -690,10 +690,10 @@ pub fn progressed(log: &str, since: u64) -> bool {
     for e in parse_log(log).0 {
         match e {
             Event::Grant { key, tok, t0, .. } if t0 >= since => granted.push((key, tok)),
-            Event::Release { key, tok, outcome, .. } if outcome == "released" => {
-                if granted.contains(&(key, tok)) {
-                    return true;
-                }
+            Event::Release { key, tok, outcome, .. }
+                if outcome == "released" && granted.iter().any(|(k, t)| *k == key && *t == tok) =>
+            {
+                return true
             }
             _ => {}
         }
