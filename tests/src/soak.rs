@@ -299,7 +299,7 @@ pub struct Stats {
     pub accepted: usize,
     /// Register writes rejected (a later token had written).
     pub rejected: usize,
-    /// Releases per outcome.
+    /// Releases per outcome (errors counted together).
     pub releases: BTreeMap<String, usize>,
     /// Cut-off last lines of killed workers, tolerated.
     pub truncated: usize,
@@ -475,7 +475,8 @@ pub fn check(history: &History) -> Verdict {
                     writes.push((p.worker, p.inc, e.clone()));
                 }
                 Event::Release { key, tok, outcome, .. } => {
-                    *verdict.stats.releases.entry(outcome.clone()).or_default() += 1;
+                    let kind = if outcome.starts_with("error") { "error" } else { outcome.as_str() };
+                    *verdict.stats.releases.entry(kind.to_owned()).or_default() += 1;
                     if outcome == "released" {
                         if let Some(&g) = index.get(&(p.worker, p.inc, key.clone(), tok.clone())) {
                             grants[g].released = true;

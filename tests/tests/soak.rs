@@ -379,6 +379,10 @@ async fn randomized_faults_keep_mutual_exclusion_fencing_and_progress() {
         if !verdict.passed() {
             panic!("{}", soak.failure_report(&verdict));
         }
+        eprintln!("soak: nemesis actions (times relative to the start):");
+        for line in &soak.nemesis {
+            eprintln!("    {line}");
+        }
         eprintln!("soak: seed {seed}, {actions} nemesis actions, passed: {verdict}");
     })
     .await;
