@@ -115,6 +115,29 @@ impl Agent {
         let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
     }
 
+    /// Whether the process has exited, without waiting: `Some(code)` if it has (`code` is `None` when a
+    /// signal ended it), `None` while it runs.
+    pub fn try_exit(&mut self) -> Option<Option<i32>> {
+        self.child.try_wait().ok().flatten().map(|status| status.code())
+    }
+
+    /// Waits up to `limit` for the process to exit: `Some(code)` if it did (`code` is `None` when a signal
+    /// ended it), `None` if it still runs. Unlike [`wait_exit`](Self::wait_exit), a hang is not a panic.
+    pub async fn exit_within(&mut self, limit: Duration) -> Option<Option<i32>> {
+        match tokio::time::timeout(limit, self.child.wait()).await {
+            Ok(Ok(status)) => Some(status.code()),
+            _ => None,
+        }
+    }
+
+    /// Reads every line already printed, without waiting, so that the next [`wait_for`](Self::wait_for)
+    /// returns a line printed from now on.
+    pub async fn skip_printed(&mut self) {
+        while let Ok(Some((at, line))) = tokio::time::timeout(Duration::ZERO, self.rx.recv()).await {
+            self.seen.push((at, line));
+        }
+    }
+
     /// Waits (up to `limit`) for the process to exit; its exit code.
     pub async fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
         match tokio::time::timeout(limit, self.child.wait()).await {

@@ -2,8 +2,8 @@
 //! behaviour suite against both backends, and the fault-injection harness: a TCP [`proxy`], process signals
 //! ([`sys`]), a lock holder in another process ([`agent`]), event logs and an overlap checker ([`events`]), a
 //! fenced store and a lost-update counter ([`store`]), `MONITOR` recording ([`monitor`]), captured `tracing`
-//! output ([`logs`]), a client runtime to freeze ([`stall`]), and the [`checker`] users can run against their
-//! own Redis.
+//! output ([`logs`]), a client runtime to freeze ([`stall`]), the [`checker`] users can run against their own
+//! Redis, and the randomized fault [`soak`]'s event log and history checker.
 
 pub mod agent;
 pub mod checker;
@@ -13,6 +13,7 @@ pub mod logs;
 pub mod monitor;
 pub mod proxy;
 mod server;
+pub mod soak;
 pub mod stall;
 pub mod store;
 pub mod sys;

@@ -547,7 +547,7 @@ async fn s15_5_guard_escaped_from_run(fx: Fixture) {
         .run(async { distlock::current_lock().expect("inside the lock body") })
         .await
         .expect("run");
-    let token = escaped.token().as_str().to_owned();
+    let token = escaped.token().expose_secret().to_owned();
     let c = fx.other_client().await.lock(KEY).ttl(secs(10)).acquire().await.expect("C takes the released key");
     let mut admin = fx.redis_connection();
     let start = match (&monitor, admin.as_mut()) {
