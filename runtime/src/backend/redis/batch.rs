@@ -7,8 +7,12 @@
 //! are outstanding do new operations queue; each call, when it comes back, takes the whole queue (up to
 //! [`MAX_OPS`]) with it on its next trip, in a task of its own, so no caller's cancellation strands another's
 //! operation.
+//!
+//! The coalescer talks to Redis through [`Transport`] (one script call for some operations), so its slots,
+//! queue and cancellation are unit-tested without a server.
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use redis::aio::ConnectionManager;
@@ -123,17 +127,29 @@ struct Slots {
     in_flight: usize,
 }
 
+/// Where the coalescer's calls go: one script call carrying `ops` (the single-operation script for one,
+/// [`BATCH`] for several), answered with the script's raw reply.
+pub(super) trait Transport: Send + Sync + 'static {
+    fn call<'a>(&'a self, ops: &'a [Op<'_>]) -> impl Future<Output = redis::RedisResult<Value>> + Send + 'a;
+}
+
+impl Transport for ConnectionManager {
+    async fn call(&self, ops: &[Op<'_>]) -> redis::RedisResult<Value> {
+        send_script(&mut self.clone(), |by_source| command(ops, by_source)).await
+    }
+}
+
 /// The per-connection coalescer of acquires and releases.
-pub(super) struct Coalescer {
-    conn: ConnectionManager,
+pub(super) struct Coalescer<T: Transport = ConnectionManager> {
+    conn: T,
     slots: Mutex<Slots>,
     /// Where queue-draining calls run when the code giving a slot back is outside any runtime.
     runtime: tokio::runtime::Handle,
 }
 
-impl Coalescer {
+impl<T: Transport> Coalescer<T> {
     /// Must be called inside a tokio runtime, whose handle it keeps.
-    pub(super) fn new(conn: ConnectionManager) -> Arc<Self> {
+    pub(super) fn new(conn: T) -> Arc<Self> {
         Arc::new(Self { conn, slots: Mutex::default(), runtime: tokio::runtime::Handle::current() })
     }
 
@@ -159,7 +175,7 @@ impl Coalescer {
             Turn::Now(op) => {
                 // Gives the slot back however this future ends, cancellation included.
                 let _slot = Slot(self);
-                call_one(self.conn.clone(), &op).await
+                call_one(&self.conn, &op).await
             }
             Turn::Queued(receiver) => {
                 self.start_draining_if_idle();
@@ -190,12 +206,12 @@ impl Coalescer {
 
 /// Holds one slot and sends the queue in calls of up to [`MAX_OPS`] until it is empty. If its task is dropped
 /// first (its runtime shut down), it gives the slot back and fails what is queued, so nothing waits forever.
-struct Drainer {
-    coalescer: Arc<Coalescer>,
+struct Drainer<T: Transport> {
+    coalescer: Arc<Coalescer<T>>,
     done: bool,
 }
 
-impl Drainer {
+impl<T: Transport> Drainer<T> {
     async fn run(mut self) {
         loop {
             let batch: Vec<Queued> = {
@@ -216,14 +232,14 @@ impl Drainer {
             if ops.is_empty() {
                 continue;
             }
-            for (reply, result) in replies.into_iter().zip(call_many(self.coalescer.conn.clone(), &ops).await) {
+            for (reply, result) in replies.into_iter().zip(call_many(&self.coalescer.conn, &ops).await) {
                 let _ = reply.send(result);
             }
         }
     }
 }
 
-impl Drop for Drainer {
+impl<T: Transport> Drop for Drainer<T> {
     fn drop(&mut self) {
         if !self.done {
             let mut slots = self.coalescer.slots();
@@ -235,9 +251,9 @@ impl Drop for Drainer {
 }
 
 /// Gives a call slot back: to the queue, if operations wait, else free.
-struct Slot<'a>(&'a Arc<Coalescer>);
+struct Slot<'a, T: Transport>(&'a Arc<Coalescer<T>>);
 
-impl Drop for Slot<'_> {
+impl<T: Transport> Drop for Slot<'_, T> {
     fn drop(&mut self) {
         let coalescer = self.0;
         let mut slots = coalescer.slots();
@@ -283,8 +299,8 @@ fn command(ops: &[Op<'_>], by_source: bool) -> Cmd {
 }
 
 /// One operation in a call of its own.
-async fn call_one(mut conn: ConnectionManager, op: &Op<'_>) -> Reply {
-    let value: Value = send_script(&mut conn, |by_source| command(std::slice::from_ref(op), by_source)).await?;
+async fn call_one(conn: &impl Transport, op: &Op<'_>) -> Reply {
+    let value = conn.call(std::slice::from_ref(op)).await?;
     match (op, value) {
         (Op::Acquire { .. }, Value::Array(reply)) => match reply.as_slice() {
             [Value::Int(code), Value::Int(fence), Value::Int(ms)] => Ok((*code, *fence, *ms)),
@@ -296,11 +312,11 @@ async fn call_one(mut conn: ConnectionManager, op: &Op<'_>) -> Reply {
 }
 
 /// Several operations in one call; one reply per operation, in order.
-async fn call_many(mut conn: ConnectionManager, ops: &[Op<'_>]) -> Vec<Reply> {
+async fn call_many(conn: &impl Transport, ops: &[Op<'_>]) -> Vec<Reply> {
     if let [op] = ops {
         return vec![call_one(conn, op).await];
     }
-    match send_script(&mut conn, |by_source| command(ops, by_source)).await {
+    match conn.call(ops).await {
         Ok(Value::Array(items)) if items.len() == 3 * ops.len() => items
             .chunks(3)
             .map(|reply| match reply {
@@ -311,5 +327,159 @@ async fn call_many(mut conn: ConnectionManager, ops: &[Op<'_>]) -> Vec<Reply> {
             .collect(),
         Ok(_) => ops.iter().map(|_| Err(unexpected_reply())).collect(),
         Err(e) => ops.iter().map(|_| Err(e.clone())).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+    use std::sync::{Arc, Mutex};
+
+    use redis::Value;
+    use tokio::sync::Semaphore;
+
+    use super::{Coalescer, Op, Reply, Transport, MAX_IN_FLIGHT};
+    use crate::LockToken;
+
+    /// A stand-in for Redis: records each call's operations (`<letter>:<record>`), answers once the test lets
+    /// it through the gate, fails the operations of records named `bad` inside the script (as `pcall` would)
+    /// and answers code 7, which no script sends, for records named `weird`.
+    struct FakeRedis {
+        calls: Mutex<Vec<Vec<String>>>,
+        gate: Semaphore,
+    }
+
+    impl FakeRedis {
+        fn new() -> Self {
+            Self { calls: Mutex::default(), gate: Semaphore::new(0) }
+        }
+
+        fn calls(&self) -> Vec<Vec<String>> {
+            self.calls.lock().unwrap().clone()
+        }
+
+        fn reply_to(op: &Op<'_>) -> [Value; 3] {
+            let code = match op.record() {
+                "bad" => return [Value::Int(-1), Value::BulkString(b"ERR boom".to_vec()), Value::Int(0)],
+                "weird" => 7,
+                _ => 1,
+            };
+            match op {
+                Op::Acquire { ttl_ms, .. } => [Value::Int(code), Value::Int(42), Value::Int(*ttl_ms as i64)],
+                Op::Release { .. } => [Value::Int(code), Value::Int(0), Value::Int(0)],
+            }
+        }
+    }
+
+    impl Transport for Arc<FakeRedis> {
+        async fn call(&self, ops: &[Op<'_>]) -> redis::RedisResult<Value> {
+            self.calls.lock().unwrap().push(ops.iter().map(|op| format!("{}:{}", op.letter(), op.record())).collect());
+            self.gate.acquire().await.expect("gate open").forget();
+            Ok(match ops {
+                [Op::Release { .. }] => FakeRedis::reply_to(&ops[0]).into_iter().next().expect("code"),
+                [op] => Value::Array(FakeRedis::reply_to(op).to_vec()),
+                _ => Value::Array(ops.iter().flat_map(FakeRedis::reply_to).collect()),
+            })
+        }
+    }
+
+    fn acquire(record: &str) -> Op<'static> {
+        Op::Acquire {
+            record: Cow::Owned(record.to_owned()),
+            token: LockToken::random(),
+            ttl_ms: 1000,
+            metadata: Cow::Borrowed(""),
+            register_ms: 0,
+            lease_ms: 0,
+        }
+    }
+
+    fn release(record: &str) -> Op<'static> {
+        Op::Release { record: Cow::Owned(record.to_owned()), token: LockToken::random(), keep_ms: 0 }
+    }
+
+    fn start(coalescer: &Arc<Coalescer<Arc<FakeRedis>>>, op: Op<'static>) -> tokio::task::JoinHandle<Reply> {
+        let coalescer = Arc::clone(coalescer);
+        tokio::spawn(async move { coalescer.run(op).await })
+    }
+
+    /// Lets every spawned task run until it waits on something.
+    async fn settle() {
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn fake() -> (Arc<FakeRedis>, Arc<Coalescer<Arc<FakeRedis>>>) {
+        let redis = Arc::new(FakeRedis::new());
+        (Arc::clone(&redis), Coalescer::new(redis))
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_lone_operation_goes_out_at_once_in_a_call_of_its_own() {
+        let (redis, coalescer) = fake();
+        redis.gate.add_permits(2);
+        assert_eq!(coalescer.run(acquire("k")).await.unwrap(), (1, 42, 1000));
+        assert_eq!(coalescer.run(release("k")).await.unwrap(), (1, 0, 0));
+        assert_eq!(redis.calls(), [vec!["a:k"], vec!["r:k"]]);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn operations_that_find_every_slot_busy_share_the_next_call() {
+        let (redis, coalescer) = fake();
+        let busy: Vec<_> = (0..MAX_IN_FLIGHT).map(|i| start(&coalescer, acquire(&format!("busy{i}")))).collect();
+        settle().await;
+        let queued: Vec<_> = (0..10).map(|i| start(&coalescer, release(&format!("q{i}")))).collect();
+        settle().await;
+        assert_eq!(redis.calls().len(), MAX_IN_FLIGHT, "queued operations were sent while every slot was busy");
+        // One call comes back: its slot takes the whole queue in one call.
+        redis.gate.add_permits(1);
+        settle().await;
+        let calls = redis.calls();
+        assert_eq!(calls.len(), MAX_IN_FLIGHT + 1);
+        assert_eq!(calls[MAX_IN_FLIGHT], (0..10).map(|i| format!("r:q{i}")).collect::<Vec<_>>());
+        redis.gate.add_permits(MAX_IN_FLIGHT);
+        for task in busy.into_iter().chain(queued) {
+            assert!(matches!(task.await.unwrap(), Ok((1, _, _))));
+        }
+        assert_eq!(redis.calls().len(), MAX_IN_FLIGHT + 1, "no call without operations");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_cancelled_queued_operation_is_not_sent() {
+        let (redis, coalescer) = fake();
+        let busy: Vec<_> = (0..MAX_IN_FLIGHT).map(|i| start(&coalescer, acquire(&format!("busy{i}")))).collect();
+        settle().await;
+        let cancelled = start(&coalescer, acquire("cancelled"));
+        let kept = start(&coalescer, acquire("kept"));
+        settle().await;
+        cancelled.abort();
+        settle().await;
+        redis.gate.add_permits(MAX_IN_FLIGHT + 1);
+        assert!(kept.await.unwrap().is_ok());
+        for task in busy {
+            task.await.unwrap().unwrap();
+        }
+        assert_eq!(redis.calls()[MAX_IN_FLIGHT], ["a:kept"], "the cancelled operation went out");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_failure_or_unknown_reply_inside_a_shared_call_is_that_operation_s_alone() {
+        let (redis, coalescer) = fake();
+        let busy: Vec<_> = (0..MAX_IN_FLIGHT).map(|i| start(&coalescer, acquire(&format!("busy{i}")))).collect();
+        settle().await;
+        let ops = ["ok1", "bad", "weird", "ok2"].map(|record| start(&coalescer, acquire(record)));
+        settle().await;
+        redis.gate.add_permits(MAX_IN_FLIGHT + 1);
+        let [ok1, bad, weird, ok2] = ops;
+        assert_eq!(ok1.await.unwrap().unwrap(), (1, 42, 1000));
+        assert!(bad.await.unwrap().unwrap_err().to_string().contains("boom"));
+        // The coalescer passes codes through; the store maps unknown ones to errors. Code 7 arrives intact.
+        assert_eq!(weird.await.unwrap().unwrap(), (7, 42, 1000));
+        assert_eq!(ok2.await.unwrap().unwrap(), (1, 42, 1000));
+        for task in busy {
+            task.await.unwrap().unwrap();
+        }
+        assert_eq!(redis.calls()[MAX_IN_FLIGHT].len(), 4, "the four shared one call");
     }
 }
