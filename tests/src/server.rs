@@ -72,6 +72,23 @@ impl RedisServer {
         Self::start(binary, args.into_iter().map(Into::into).collect())
     }
 
+    /// Starts a replica of the server on `primary_port` (`--replicaof`) and waits until its replication link
+    /// is up, so writes acknowledged by `WAIT` from then on are on it.
+    pub async fn replica_of(primary_port: u16) -> Self {
+        let port = primary_port.to_string();
+        let replica = Self::with_args(["--replicaof", "127.0.0.1", port.as_str()]);
+        let conn = replica.connection().await;
+        crate::eventually(Duration::from_secs(10), "replication link up", || {
+            let mut conn = conn.clone();
+            async move {
+                let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.expect("INFO");
+                info.contains("master_link_status:up")
+            }
+        })
+        .await;
+        replica
+    }
+
     fn start(binary: PathBuf, extra_args: Vec<String>) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("distlock-redis-")

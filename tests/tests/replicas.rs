@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use distlock::{Client, LockError};
-use distlock_tests::{eventually, RedisServer};
+use distlock_tests::RedisServer;
 use redis::AsyncCommands;
 
 const ACK_TIMEOUT: Duration = Duration::from_millis(300);
@@ -12,23 +12,8 @@ const ACK_TIMEOUT: Duration = Duration::from_millis(300);
 /// A primary and a replica of it, with the replication link up.
 async fn primary_with_replica() -> (RedisServer, RedisServer) {
     let primary = RedisServer::new();
-    let port = primary.port().to_string();
-    let replica = RedisServer::with_args(["--replicaof", "127.0.0.1", port.as_str()]);
-    link_up(&replica).await;
+    let replica = RedisServer::replica_of(primary.port()).await;
     (primary, replica)
-}
-
-/// Waits until `replica`'s replication link to its primary is up.
-async fn link_up(replica: &RedisServer) {
-    let conn = replica.connection().await;
-    eventually(Duration::from_secs(10), "replication link up", || {
-        let mut conn = conn.clone();
-        async move {
-            let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.expect("INFO");
-            info.contains("master_link_status:up")
-        }
-    })
-    .await;
 }
 
 async fn acknowledged_client(primary: &RedisServer) -> Result<Client, LockError> {
@@ -93,9 +78,7 @@ async fn failover_to_an_acknowledging_replica_keeps_the_lock() {
     // The replica has a replica of its own (chained), so once promoted it can acknowledge at once, as in a
     // deployment that keeps a standby; without one, no renewal could be acknowledged after the failover and
     // the holder would rightly lose the lock at its deadline.
-    let port = replica.port().to_string();
-    let second = RedisServer::with_args(["--replicaof", "127.0.0.1", port.as_str()]);
-    link_up(&second).await;
+    let _second = RedisServer::replica_of(replica.port()).await;
     let ttl = Duration::from_secs(3);
     let guard = holder_client.lock("failover").ttl(ttl).acquire().await.expect("granted and acknowledged");
 

@@ -38,15 +38,27 @@ async fn waiting(client: &Client, key: &str) -> usize {
 /// subscription stall with the runtime, as in a frozen process; the in-process store is one per built
 /// client, so there it is the fixture's client.
 async fn client_on(fx: &Fixture, runtime: &StallableRuntime) -> Client {
+    client_acknowledged_on(fx, runtime, 0).await
+}
+
+/// As [`client_on`], with grants counted only once `replicas` replicas acknowledged them (Redis only).
+async fn client_acknowledged_on(fx: &Fixture, runtime: &StallableRuntime, replicas: u32) -> Client {
     match fx.server() {
         Some(server) => {
             let url = server.url();
             runtime
-                .spawn(async move { Client::builder().redis(url).build().await.expect("W's client") })
+                .spawn(async move {
+                    let builder = Client::builder().redis(url);
+                    let builder = if replicas > 0 { builder.wait_for_replicas(replicas, ms(500)) } else { builder };
+                    builder.build().await.expect("W's client")
+                })
                 .await
                 .expect("W's runtime")
         }
-        None => fx.client().clone(),
+        None => {
+            assert_eq!(replicas, 0, "the in-process store has no replicas");
+            fx.client().clone()
+        }
     }
 }
 
@@ -197,13 +209,37 @@ async fn s15_2b_late_claim_after_wait_ran_out_during_stall(fx: Fixture) {
     late_claim(fx, "s15-2b", true).await;
 }
 
+/// Schedule 2 with replica acknowledgement (`wait_for_replicas`), where W never trusts an announcement (it was
+/// not acknowledged) and claims every hand-over with an attempt of its own: the claim after the stall must
+/// still be either a valid guard that excludes C, or a give-up that frees the lock within the hand-over lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s15_2c_late_claim_with_replica_acknowledgement() {
+    let fx = Fixture::redis().await;
+    let primary = fx.server().expect("a Redis fixture").port();
+    let _replica = distlock_tests::RedisServer::replica_of(primary).await;
+    late_claim_acknowledged(fx, "s15-2c", false, 1).await;
+}
+
+/// The give-up variant of [`s15_2c_late_claim_with_replica_acknowledgement`]: W's wait runs out in the stall.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s15_2d_late_claim_with_replica_acknowledgement_after_wait_ran_out() {
+    let fx = Fixture::redis().await;
+    let primary = fx.server().expect("a Redis fixture").port();
+    let _replica = distlock_tests::RedisServer::replica_of(primary).await;
+    late_claim_acknowledged(fx, "s15-2d", true, 1).await;
+}
+
 async fn late_claim(fx: Fixture, key: &'static str, wait_runs_out: bool) {
+    late_claim_acknowledged(fx, key, wait_runs_out, 0).await;
+}
+
+async fn late_claim_acknowledged(fx: Fixture, key: &'static str, wait_runs_out: bool, replicas: u32) {
     let _serial = serial().await;
     let monitor = fx.server().map(Monitor::start);
     let ttl = secs(5);
     let stall = ms(140);
     let w_runtime = StallableRuntime::start("W");
-    let w_client = client_on(&fx, &w_runtime).await;
+    let w_client = client_acknowledged_on(&fx, &w_runtime, replicas).await;
     let c_client = fx.other_client().await;
     let h = fx.client().lock(key).ttl(secs(10)).acquire().await.expect("H");
     // Refreshes every 5-10 ms: a hand-over lease of 3 refreshes + 100 ms, 115-130 ms, shorter than the stall.
