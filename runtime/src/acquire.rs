@@ -144,7 +144,14 @@ async fn give_up(request: LockRequest, mut pending: Pending, started: Instant) -
         }
     }
     let (keys, _) = pending.finish();
-    Err(LockError::NotObtained { key: keys.name, waited: started.elapsed() })
+    let waited = started.elapsed();
+    // Who kept it, for the caller's error: one more call, on the failure path only.
+    let holder = if request.describe_holder {
+        request.client.inner.backend.info(&keys).await.ok().flatten().map(Box::new)
+    } else {
+        None
+    };
+    Err(LockError::NotObtained { key: keys.name, waited, holder })
 }
 
 /// The server holds the lock for this request, which cannot use it (the reply came too late, or it needs an
@@ -158,7 +165,7 @@ async fn give_back(request: LockRequest, mut pending: Pending, started: Instant)
     // If the release failed, dropping `pending` tries once more in the background.
     let key = pending.keys.name.clone();
     drop(pending);
-    Err(LockError::NotObtained { key, waited: started.elapsed() })
+    Err(LockError::NotObtained { key, waited: started.elapsed(), holder: None })
 }
 
 fn grant(request: LockRequest, pending: Pending, fence: u64, lease: Lease) -> LockGuard {
@@ -227,7 +234,7 @@ impl Drop for Pending {
                 other => other.map(drop),
             };
             if let Err(e) = outcome {
-                tracing::debug!(key = %keys.name, error = %e, "distlock: a cancelled request could not clean up; its place and any orphan grant expire by themselves");
+                tracing::debug!(key = %keys.name, error = %e, "distlock: an acquire that did not finish (it failed or was cancelled) could not withdraw from the queue or give back a grant it may have received; both expire by themselves");
             }
         });
     }

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::LockInfo;
+
 /// Everything that can go wrong when taking, keeping or giving back a lock.
 ///
 /// Every variant says which lock it is about where that is known; backend errors also say which server
@@ -31,13 +33,16 @@ pub enum LockError {
         "a distlock client is already installed; install it once at startup and clone `distlock::client()` elsewhere"
     )]
     AlreadyInstalled,
-    /// Another holder kept the lock for the whole wait.
+    /// Another holder kept the lock for the whole wait. More fields may come: match with `..`.
+    #[non_exhaustive]
     #[error("lock `{key}` is held by another owner; gave up after waiting {waited:?}")]
     NotObtained {
         /// The lock's key, as the caller named it.
         key: String,
         /// How long this request waited before giving up.
         waited: Duration,
+        /// Who held the lock when the wait ended, if it was still held then (see [`LockError::holder`]).
+        holder: Option<Box<LockInfo>>,
     },
     /// The lock was held but is no longer: its lease ran out before a renewal succeeded, or another owner took it.
     #[error("lock `{key}` was lost: its lease ran out or another owner took it; the work done under it may have overlapped with another holder")]
@@ -72,29 +77,85 @@ pub enum LockError {
     },
 }
 
-/// A failed or timed-out call to the backend, with the lock and server it concerned.
+impl LockError {
+    /// On [`NotObtained`](LockError::NotObtained): who held the lock when the wait ended (metadata, fencing
+    /// token, remaining lease, queue length), so a handler can answer "409 Conflict" with something useful.
+    /// `None` for other errors, and when the lock was free by the time it was looked up.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let client = distlock::Client::builder().memory().build().await.unwrap();
+    /// let held = client.lock("report:7").metadata("replica a").acquire().await.unwrap();
+    /// let error = client.lock("report:7").acquire().await.unwrap_err();
+    /// assert!(error.is_busy());
+    /// assert_eq!(error.holder().map(|h| h.metadata.as_str()), Some("replica a"));
+    /// # drop(held);
+    /// # }
+    /// ```
+    pub fn holder(&self) -> Option<&LockInfo> {
+        match self {
+            LockError::NotObtained { holder, .. } => holder.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// Whether another holder kept the lock for the whole wait ([`NotObtained`](LockError::NotObtained)):
+    /// nothing is wrong, the lock is just taken.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let client = distlock::Client::builder().memory().build().await.unwrap();
+    /// let _held = client.lock("job").acquire().await.unwrap();
+    /// assert!(client.lock("job").acquire().await.unwrap_err().is_busy());
+    /// # }
+    /// ```
+    pub fn is_busy(&self) -> bool {
+        matches!(self, LockError::NotObtained { .. })
+    }
+
+    /// Whether trying again later may succeed: a timeout or a lost connection to the server, or replicas that
+    /// did not acknowledge in time. Configuration errors, a busy lock and a lost lock are not transient.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let client = distlock::Client::builder().memory().build().await.unwrap();
+    /// let _held = client.lock("job").acquire().await.unwrap();
+    /// assert!(!client.lock("job").acquire().await.unwrap_err().is_transient());
+    /// # }
+    /// ```
+    pub fn is_transient(&self) -> bool {
+        match self {
+            LockError::Backend(e) => e.is_transient(),
+            LockError::NotReplicated { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+/// A failed or timed-out call to the backend, with the lock and server it concerned and what to do about it.
+///
+/// Its message holds the server's own error text; it has no further [`source`](std::error::Error::source), so
+/// a printer of the whole chain (anyhow's `{:#}`) shows each cause once.
 #[derive(Debug)]
 pub struct BackendError {
     key: Option<String>,
     server: String,
-    hint: &'static str,
+    hint: String,
     source: redis::RedisError,
 }
 
+/// The forms of Redis URL the client accepts, for messages.
+pub(crate) const URL_FORMS: &str = "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], rediss://… (TLS, distlock's `tls` feature) or redis+unix:///PATH/TO/SOCKET[?db=DB]";
+
 impl BackendError {
     pub(crate) fn new(server: &str, key: Option<&str>, source: redis::RedisError) -> Self {
-        let hint = if source.is_timeout() {
-            "the server did not answer within the response timeout: check that it is up and not overloaded, or raise ClientBuilder::response_timeout"
-        } else if source.is_connection_refusal() || source.is_io_error() {
-            "could not reach the server: check that redis-server is running and the URL (host, port, TLS) is right"
-        } else if matches!(source.kind(), redis::ErrorKind::AuthenticationFailed) {
-            "authentication failed: check the username and password in the URL"
-        } else if is_permission_error(&source) {
-            "the Redis user lacks a permission (NOPERM): grant the ACL rights of the README's least-privilege user (EVALSHA and the commands its scripts call, on the key prefix; SUBSCRIBE on its channels)"
-        } else {
-            "the server refused the command: check that no other program uses these keys, and the user's ACL rights (see the README's least-privilege user)"
-        };
+        let hint = hint_for(&source, server);
         Self { key: key.map(str::to_owned), server: server.to_owned(), hint, source }
+    }
+
+    /// As [`new`](Self::new), with the hint given (when the caller knows more than the error says).
+    pub(crate) fn with_hint(server: &str, hint: String, source: redis::RedisError) -> Self {
+        Self { key: None, server: server.to_owned(), hint, source }
     }
 
     /// The lock key the failed call was about, if any (a connection check is about none).
@@ -111,6 +172,36 @@ impl BackendError {
     pub fn is_timeout(&self) -> bool {
         self.source.is_timeout()
     }
+
+    /// Whether retrying later may succeed: a timeout or a lost connection, not a refusal by the server.
+    pub(crate) fn is_transient(&self) -> bool {
+        self.source.is_timeout()
+            || self.source.is_connection_refusal()
+            || self.source.is_io_error()
+            || self.source.is_connection_dropped()
+    }
+}
+
+/// What to do about `e`, a failure talking to `server`.
+fn hint_for(e: &redis::RedisError, server: &str) -> String {
+    let hint = if e.is_timeout() {
+        "the server did not answer within the response timeout: check that it is up and not overloaded, or raise ClientBuilder::response_timeout"
+    } else if e.is_connection_refusal() || e.is_io_error() {
+        "could not reach the server: check that redis-server is running and the URL (host, port, TLS) is right"
+    } else if e.code() == Some("NOAUTH") || e.to_string().contains("NOAUTH") {
+        "the server requires a password: give it in the URL, redis://:PASSWORD@HOST:PORT/ (the default user) or redis://USER:PASSWORD@HOST:PORT/ (an ACL user), with special characters percent-encoded"
+    } else if matches!(e.kind(), redis::ErrorKind::AuthenticationFailed) || e.code() == Some("WRONGPASS") {
+        if server.contains('@') {
+            "the server refused the user name or password in the URL: check them (redis://:PASSWORD@HOST/ for the default user, redis://USER:PASSWORD@HOST/ for an ACL user, special characters percent-encoded)"
+        } else {
+            "the server requires a password: give it in the URL, redis://:PASSWORD@HOST:PORT/ (the default user) or redis://USER:PASSWORD@HOST:PORT/ (an ACL user)"
+        }
+    } else if is_permission_error(e) {
+        "the Redis user lacks a permission (NOPERM): grant the ACL rights of the README's least-privilege user (EVALSHA and the commands its scripts call, on the key prefix; SUBSCRIBE on its channels)"
+    } else {
+        "the server refused the command: if other programs write keys under this client's prefix, give distlock a key prefix of its own (ClientBuilder::key_prefix); check the user's ACL rights (see the README's least-privilege user)"
+    };
+    hint.to_owned()
 }
 
 impl fmt::Display for BackendError {
@@ -124,11 +215,9 @@ impl fmt::Display for BackendError {
     }
 }
 
-impl std::error::Error for BackendError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.source)
-    }
-}
+// The server's error is part of the message, so it is not also a `source` (thiserror's convention: a cause is
+// either in the message or in the chain, never both).
+impl std::error::Error for BackendError {}
 
 /// NOPERM, also when a command inside a script was refused (Redis reports that as a plain script error).
 fn is_permission_error(e: &redis::RedisError) -> bool {

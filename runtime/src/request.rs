@@ -110,6 +110,9 @@ pub struct LockRequest {
     pub(crate) retry: RetryStrategy,
     on_lost: OnLost,
     pub(crate) limits: HoldLimits,
+    /// Whether a request that is not granted looks up who holds the lock for its error
+    /// ([`LockError::holder`]); `try_acquire` discards that error, so it does not.
+    pub(crate) describe_holder: bool,
 }
 
 impl LockRequest {
@@ -123,6 +126,7 @@ impl LockRequest {
             retry: RetryStrategy::default(),
             on_lost: OnLost::default(),
             limits: HoldLimits::default(),
+            describe_holder: true,
         }
     }
 
@@ -218,7 +222,8 @@ impl LockRequest {
     /// # drop(first); Ok(()) }
     /// ```
     pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
-        match self.wait(Duration::ZERO).acquire().await {
+        let request = Self { describe_holder: false, ..self.wait(Duration::ZERO) };
+        match request.acquire().await {
             Ok(guard) => Ok(Some(guard)),
             Err(LockError::NotObtained { .. }) => Ok(None),
             Err(e) => Err(e),

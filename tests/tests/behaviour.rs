@@ -29,6 +29,7 @@ distlock_tests::both_backends!(
     extend_and_remaining_ttl,
     keys_with_braces_are_distinct_locks,
     hold_at_least_keeps_lock_after_body,
+    busy_error_says_who_holds_the_lock,
 );
 
 // ---------------------------------------------------------------------------------------------------------
@@ -131,7 +132,7 @@ async fn wait_bounds_waiting(fx: Fixture) {
         .expect_err("the lock is held for 30 s");
     let elapsed = start.elapsed();
     match &err {
-        LockError::NotObtained { key, waited } => {
+        LockError::NotObtained { key, waited, .. } => {
             assert_eq!(key, KEY);
             assert!(*waited >= ms(550) && *waited < secs(3), "waited {waited:?}");
         }
@@ -364,3 +365,21 @@ async fn hold_at_least_keeps_lock_after_body(fx: Fixture) {
 // ---------------------------------------------------------------------------------------------------------
 // Redis only: other processes, an unreachable server
 // ---------------------------------------------------------------------------------------------------------
+
+/// A request that is not granted says so (`is_busy`, not transient) and who held the lock when its wait ended:
+/// metadata, fencing token, lease left. `try_acquire`'s `None` costs no such lookup.
+async fn busy_error_says_who_holds_the_lock(fx: Fixture) {
+    let held = fx.client().lock("busy-holder").metadata("replica a, job 42").ttl(secs(30)).acquire().await.expect("H");
+    let other = fx.other_client().await;
+    let error = other.lock("busy-holder").wait(ms(50)).acquire().await.expect_err("held by H");
+    assert!(error.is_busy() && !error.is_transient(), "{error:?}");
+    let holder = error.holder().expect("who held it");
+    assert_eq!(holder.metadata, "replica a, job 42");
+    assert_eq!(holder.fencing_token, held.fencing_token());
+    assert!(holder.remaining_ttl > secs(20) && holder.remaining_ttl <= secs(30), "{holder:?}");
+    assert!(other.lock("busy-holder").try_acquire().await.expect("try").is_none());
+    assert_eq!(held.release().await.expect("release"), ReleaseOutcome::Released);
+    // A lock that is free again has no holder to report, and the next request gets it.
+    let guard = other.lock("busy-holder").acquire().await.expect("free now");
+    assert!(guard.release().await.is_ok());
+}

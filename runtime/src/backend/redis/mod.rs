@@ -12,10 +12,12 @@ use crate::error::{redact_url, BackendError};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 use self::batch::{Coalescer, Op};
+use self::config_errors::{database_error, url_error};
 use self::scripts::{LuaScript, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY, WITHDRAW};
 use self::subscriber::Subscriber;
 
 mod batch;
+mod config_errors;
 mod scripts;
 mod subscriber;
 
@@ -88,15 +90,19 @@ impl RedisBackend {
                  Remove `#insecure`, or opt in with ClientBuilder::allow_insecure_tls(true)"
             )));
         }
-        let info = url
-            .into_connection_info()
-            .map_err(|e| LockError::InvalidConfig(format!("cannot use Redis URL {server}: {e}")))?;
-        let client = redis::Client::open(info.clone()).map_err(|e| BackendError::new(&server, None, e))?;
+        let info = url.into_connection_info().map_err(|e| url_error(&server, &e))?;
+        let client = redis::Client::open(info.clone()).map_err(|e| url_error(&server, &e))?;
         let connect = ConnectionManager::new_with_config(client, manager_config(timeouts));
-        let mut commands = tokio::time::timeout(timeouts.connect * 2, connect)
+        let connected = tokio::time::timeout(timeouts.connect * 2, connect)
             .await
-            .map_err(|_| BackendError::new(&server, None, timeout_error("connect")))?
-            .map_err(|e| BackendError::new(&server, None, e))?;
+            .map_err(|_| BackendError::new(&server, None, timeout_error("connect")))?;
+        let mut commands = match connected {
+            Ok(commands) => commands,
+            Err(e) if e.to_string().contains("DB index is out of range") => {
+                return Err(database_error(&server, &info, e, timeouts).await.into())
+            }
+            Err(e) => return Err(BackendError::new(&server, None, e).into()),
+        };
         let pong: String =
             redis::cmd("PING").query_async(&mut commands).await.map_err(|e| BackendError::new(&server, None, e))?;
         debug_assert_eq!(pong, "PONG");
