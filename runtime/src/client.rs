@@ -302,7 +302,12 @@ pub fn client() -> Result<Client, LockError> {
 }
 
 /// Runs `fut` with `client` as the client in scope, overriding the installed one (for example a per-test
-/// server). Tasks spawned inside `fut` do not inherit the override.
+/// server).
+///
+/// The scope is `fut` itself: it does **not** cross `tokio::spawn`. A task spawned inside `fut` sees the
+/// installed client (or [`LockError::NotConfigured`]); wrap that task's future in `with_client` too. A server
+/// that spawns a task per connection (`axum::serve`, hyper, tonic) runs its handlers outside the scope: wrap
+/// the service in [`tower::ClientLayer`](crate::tower::ClientLayer) (feature `tower`) instead.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
@@ -313,4 +318,10 @@ pub fn client() -> Result<Client, LockError> {
 /// ```
 pub async fn with_client<F: Future>(client: Client, fut: F) -> F::Output {
     SCOPED.scope(client, fut).await
+}
+
+/// `fut`, with `client` in scope while it runs (the future [`with_client`] awaits).
+#[cfg(feature = "tower")]
+pub(crate) fn scoped<F: Future>(client: Client, fut: F) -> tokio::task::futures::TaskLocalFuture<Client, F> {
+    SCOPED.scope(client, fut)
 }

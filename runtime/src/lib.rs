@@ -71,6 +71,8 @@ mod guard;
 mod held;
 mod request;
 mod token;
+#[cfg(feature = "tower")]
+pub mod tower;
 
 #[doc(hidden)]
 pub mod __private {
