@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod checker;
+pub mod cluster;
 pub mod events;
 mod fixture;
 pub mod logs;

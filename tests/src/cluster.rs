@@ -1,0 +1,157 @@
+//! [`RedisCluster`]: a private Redis Cluster of real `redis-server` processes, created with
+//! `redis-cli --cluster create`, for the scale-out tests.
+//!
+//! Each node listens on a free loopback port with its cluster bus on another free port (`--cluster-port`, so
+//! no port above 55535 is needed), persists nothing, and is tuned for tests: a 1 s node timeout (failover in
+//! about 2 s) and `cluster-require-full-coverage no` (a failed shard does not stop the healthy ones).
+//! Starting one takes a few seconds: a test binary shares one ([`RedisCluster::shared`]).
+
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::server::{free_port, RedisServer};
+
+/// How long the cluster may take to agree on its slots and link its replicas.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A Redis Cluster owned by a test (or, through [`shared`](RedisCluster::shared), by a test binary).
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+    // Kills the nodes when this process exits, also when the cluster lives in a static that is never dropped.
+    reaper: Option<Child>,
+}
+
+impl RedisCluster {
+    /// Starts `primaries` primaries with `replicas` replicas each and waits until every node reports
+    /// `cluster_state:ok` and every replica's link to its primary is up.
+    pub fn start(primaries: usize, replicas: usize) -> Self {
+        assert!(primaries >= 3, "Redis Cluster needs at least 3 primaries");
+        let nodes: Vec<RedisServer> = (0..primaries * (1 + replicas))
+            .map(|_| {
+                let bus = free_port().to_string();
+                RedisServer::with_args([
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-port",
+                    bus.as_str(),
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "1000",
+                    "--cluster-require-full-coverage",
+                    "no",
+                    "--repl-diskless-sync-delay",
+                    "0",
+                ])
+            })
+            .collect();
+        let reaper = Some(reaper(&nodes));
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for node in &nodes {
+            create.arg(format!("127.0.0.1:{}", node.port()));
+        }
+        create.args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"]);
+        let output = create
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run `redis-cli --cluster create`: {e}; {}", crate::INSTALL_HINT));
+        let cluster = Self { nodes, reaper };
+        assert!(
+            output.status.success(),
+            "`redis-cli --cluster create` failed: {}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        cluster.wait_ready();
+        cluster
+    }
+
+    /// One cluster of 3 primaries with one replica each for the whole test binary, started by the first
+    /// caller. Tests that share it use keys of their own and never stop or reconfigure its nodes.
+    pub fn shared() -> &'static RedisCluster {
+        static SHARED: OnceLock<RedisCluster> = OnceLock::new();
+        SHARED.get_or_init(|| RedisCluster::start(3, 1))
+    }
+
+    /// The nodes' URLs, to seed a cluster client with.
+    pub fn seeds(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// Every node, primaries and replicas, in the order they were started.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// The node answering on `port`, if it is one of this cluster's.
+    pub fn node(&self, port: u16) -> Option<&RedisServer> {
+        self.nodes.iter().find(|n| n.port() == port)
+    }
+
+    /// Runs `args` on the node on `port` with redis-cli and returns its output.
+    pub fn cli(&self, port: u16, args: &[&str]) -> String {
+        let output = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli: {e}"));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let pending: Vec<String> = self
+                .nodes
+                .iter()
+                .filter_map(|node| {
+                    let info = self.cli(node.port(), &["CLUSTER", "INFO"]);
+                    let replication = self.cli(node.port(), &["INFO", "replication"]);
+                    let ok = info.contains("cluster_state:ok")
+                        && (replication.contains("role:master") || replication.contains("master_link_status:up"));
+                    (!ok).then(|| format!("127.0.0.1:{}", node.port()))
+                })
+                .collect();
+            if pending.is_empty() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "cluster not ready after {READY_TIMEOUT:?}: {pending:?} are not");
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        // The nodes kill themselves on drop; the reaper is no longer needed.
+        if let Some(mut reaper) = self.reaper.take() {
+            let _ = reaper.kill();
+            let _ = reaper.wait();
+        }
+    }
+}
+
+/// A shell that waits for this process to exit, then kills `nodes` and removes their directories (a static
+/// cluster is never dropped).
+fn reaper(nodes: &[RedisServer]) -> Child {
+    let pids: Vec<String> = nodes.iter().filter_map(RedisServer::pid).map(|p| p.to_string()).collect();
+    let dirs: Vec<String> = nodes.iter().map(|n| format!("'{}'", n.dir().display())).collect();
+    let script = format!(
+        "while kill -0 {} 2>/dev/null; do sleep 0.5; done; kill -9 {} 2>/dev/null; sleep 0.2; rm -rf {}",
+        std::process::id(),
+        pids.join(" "),
+        dirs.join(" ")
+    );
+    Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start the cluster's reaper: {e}"))
+}
