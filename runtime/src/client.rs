@@ -160,6 +160,7 @@ pub struct ClientBuilder {
 enum StoreChoice {
     Unset,
     Redis(RedisUrl),
+    RedisCluster(Vec<RedisUrl>),
     Memory,
 }
 
@@ -190,6 +191,24 @@ impl ClientBuilder {
     /// TLS, `redis+unix:///path`).
     pub fn redis(mut self, url: impl Into<String>) -> Self {
         self.store = StoreChoice::Redis(RedisUrl(url.into()));
+        self
+    }
+
+    /// Keeps locks on a Redis Cluster, reached through `seeds`: one or more of its nodes' URLs (as for
+    /// [`redis`](Self::redis)); the client learns the rest of the cluster from them. Every key of one lock
+    /// shares one hash slot, whatever characters the lock's name holds, so each operation is one script call
+    /// on the node that owns that slot; the cluster's slot moves and failovers are followed.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// let client = distlock::Client::builder()
+    ///     .redis_cluster(["redis://10.0.0.1:6379/", "redis://10.0.0.2:6379/"])
+    ///     .build()
+    ///     .await?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn redis_cluster<S: Into<String>>(mut self, seeds: impl IntoIterator<Item = S>) -> Self {
+        self.store = StoreChoice::RedisCluster(seeds.into_iter().map(|s| RedisUrl(s.into())).collect());
         self
     }
 
@@ -253,7 +272,7 @@ impl ClientBuilder {
         let backend = match self.store {
             StoreChoice::Unset => {
                 return Err(LockError::InvalidConfig(
-                    "no store chosen: call ClientBuilder::redis(url) or ClientBuilder::memory()".into(),
+                    "no store chosen: call ClientBuilder::redis(url), ClientBuilder::redis_cluster(seeds) or ClientBuilder::memory()".into(),
                 ))
             }
             StoreChoice::Redis(RedisUrl(url)) => {
@@ -264,6 +283,16 @@ impl ClientBuilder {
                     replicas: self.replicas,
                 };
                 Backend::Redis(RedisBackend::connect(&url, settings).await?)
+            }
+            StoreChoice::RedisCluster(seeds) => {
+                let settings = ConnectSettings {
+                    timeouts: self.timeouts,
+                    prefix: &self.prefix,
+                    allow_insecure_tls: self.allow_insecure_tls,
+                    replicas: self.replicas,
+                };
+                let seeds: Vec<String> = seeds.into_iter().map(|RedisUrl(url)| url).collect();
+                Backend::Redis(RedisBackend::connect_cluster(&seeds, settings).await?)
             }
             StoreChoice::Memory => Backend::Memory(MemoryBackend::default()),
         };

@@ -5,10 +5,14 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use distlock::Client;
-use redis::aio::MultiplexedConnection;
-use redis::AsyncCommands;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
+use distlock::Client;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Value};
+
+use crate::cluster::RedisCluster;
 use crate::RedisServer;
 
 /// Which backend a [`Fixture`] runs on.
@@ -18,6 +22,8 @@ pub enum Backend {
     Redis,
     /// `ClientBuilder::memory()`.
     Memory,
+    /// `ClientBuilder::redis_cluster(..)` on the test binary's shared cluster, with a key prefix of its own.
+    Cluster,
 }
 
 /// A backend with a connected client.
@@ -26,6 +32,53 @@ pub struct Fixture {
     backend: Backend,
     client: Client,
     redis: Option<(RedisServer, MultiplexedConnection)>,
+    cluster: Option<(&'static RedisCluster, RawConnection, String)>,
+}
+
+/// A raw connection for assertions: to the private server, or to the shared cluster (routed by key).
+#[derive(Clone)]
+pub enum RawConnection {
+    /// To a private `redis-server`.
+    Server(MultiplexedConnection),
+    /// To the shared cluster.
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for RawConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            RawConnection::Server(c) => c.req_packed_command(cmd),
+            RawConnection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            RawConnection::Server(c) => c.req_packed_commands(cmd, offset, count),
+            RawConnection::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RawConnection::Server(c) => c.get_db(),
+            RawConnection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl std::fmt::Debug for RawConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RawConnection::Server(_) => "RawConnection::Server",
+            RawConnection::Cluster(_) => "RawConnection::Cluster",
+        })
+    }
 }
 
 impl Fixture {
@@ -38,13 +91,33 @@ impl Fixture {
             .await
             .unwrap_or_else(|e| panic!("client for {}: {e}", server.url()));
         let conn = server.connection().await;
-        Fixture { backend: Backend::Redis, client, redis: Some((server, conn)) }
+        Fixture { backend: Backend::Redis, client, redis: Some((server, conn)), cluster: None }
     }
 
     /// A fresh in-process backend and a client on it.
     pub async fn memory() -> Self {
         let client = Client::builder().memory().build().await.expect("memory client");
-        Fixture { backend: Backend::Memory, client, redis: None }
+        Fixture { backend: Backend::Memory, client, redis: None, cluster: None }
+    }
+
+    /// A client on the test binary's shared Redis Cluster ([`RedisCluster::shared`]), with a key prefix no
+    /// other fixture uses, so tests running at once on the one cluster never share a key.
+    pub async fn cluster() -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let cluster = tokio::task::spawn_blocking(RedisCluster::shared).await.expect("cluster start");
+        let prefix = format!("t{}-{}:", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        let client = cluster_client(cluster, &prefix).await;
+        let conn = redis::cluster::ClusterClient::new(cluster.seeds())
+            .expect("cluster client")
+            .get_async_connection()
+            .await
+            .expect("raw cluster connection");
+        Fixture {
+            backend: Backend::Cluster,
+            client,
+            redis: None,
+            cluster: Some((cluster, RawConnection::Cluster(conn), prefix)),
+        }
     }
 
     /// Which backend this is.
@@ -66,8 +139,16 @@ impl Fixture {
                 .build()
                 .await
                 .unwrap_or_else(|e| panic!("client for {}: {e}", server.url())),
-            None => self.client.clone(),
+            None => match &self.cluster {
+                Some((cluster, _, prefix)) => cluster_client(cluster, prefix).await,
+                None => self.client.clone(),
+            },
         }
+    }
+
+    /// The shared cluster, on the cluster backend.
+    pub fn redis_cluster(&self) -> Option<&'static RedisCluster> {
+        self.cluster.as_ref().map(|(c, _, _)| *c)
     }
 
     /// The Redis server, on the Redis backend.
@@ -85,11 +166,21 @@ impl Fixture {
         self.redis.as_ref().map(|(_, c)| c.clone())
     }
 
+    /// A raw connection to the Redis server or the cluster, on those backends.
+    pub fn raw_connection(&self) -> Option<RawConnection> {
+        match (&self.redis, &self.cluster) {
+            (Some((_, c)), _) => Some(RawConnection::Server(c.clone())),
+            (_, Some((_, c, _))) => Some(c.clone()),
+            _ => None,
+        }
+    }
+
     /// A counter outside the lock library: a Redis key, or a value in this process.
     pub fn counter(&self, name: &str) -> Counter {
-        match &self.redis {
-            Some((_, conn)) => Counter::Redis { conn: conn.clone(), key: format!("test:counter:{name}") },
-            None => Counter::Memory(Arc::new(Mutex::new(0))),
+        match (self.raw_connection(), &self.cluster) {
+            (Some(conn), Some((_, _, prefix))) => Counter::Redis { conn, key: format!("{prefix}test:counter:{name}") },
+            (Some(conn), None) => Counter::Redis { conn, key: format!("test:counter:{name}") },
+            (None, _) => Counter::Memory(Arc::new(Mutex::new(0))),
         }
     }
 
@@ -97,9 +188,8 @@ impl Fixture {
     /// operator had deleted it. Redis: `DEL` of `client.record_key(key)` on a raw connection (no release
     /// announcement). Memory: the client's forced unlock.
     pub async fn vanish_record(&self, key: &str) {
-        match &self.redis {
-            Some((_, conn)) => {
-                let mut conn = conn.clone();
+        match self.raw_connection() {
+            Some(mut conn) => {
                 let record = self.client.record_key(key);
                 let deleted: i64 = conn.del(&record).await.expect("DEL record");
                 assert_eq!(deleted, 1, "record {record} of lock {key:?} was not there");
@@ -119,7 +209,7 @@ pub enum Counter {
     /// `GET` / `SET` of a Redis key.
     Redis {
         /// The connection.
-        conn: MultiplexedConnection,
+        conn: RawConnection,
         /// The key.
         key: String,
     },
@@ -155,6 +245,15 @@ impl Counter {
         tokio::time::sleep(pause).await;
         self.set(v + 1).await;
     }
+}
+
+async fn cluster_client(cluster: &RedisCluster, prefix: &str) -> Client {
+    Client::builder()
+        .redis_cluster(cluster.seeds())
+        .key_prefix(prefix)
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("client for the cluster: {e}"))
 }
 
 /// Awaits `fut`, panicking with `what` if it takes longer than `limit`.

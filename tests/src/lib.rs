@@ -19,7 +19,7 @@ pub mod stall;
 pub mod store;
 pub mod sys;
 
-pub use fixture::{busy_for_outsiders, eventually, within, Backend, Counter, Fixture};
+pub use fixture::{busy_for_outsiders, eventually, within, Backend, Counter, Fixture, RawConnection};
 
 /// Short names for the durations tests are full of.
 pub mod time {
@@ -46,19 +46,31 @@ pub mod time {
 #[macro_export]
 macro_rules! both_backends {
     ($($name:ident),* $(,)?) => {
-        mod with_redis {
+        $crate::backend_tests!(with_redis, redis, $($name),*);
+        $crate::backend_tests!(with_memory, memory, $($name),*);
+    };
+}
+
+/// As [`both_backends!`], and `with_cluster::NAME` on the test binary's shared Redis Cluster: for scenarios
+/// written against the client's API alone (no server process to stop, no `MONITOR`).
+#[macro_export]
+macro_rules! all_backends {
+    ($($name:ident),* $(,)?) => {
+        $crate::both_backends!($($name),*);
+        $crate::backend_tests!(with_cluster, cluster, $($name),*);
+    };
+}
+
+/// One module of tests, each running its scenario on `Fixture::$fixture()`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! backend_tests {
+    ($module:ident, $fixture:ident, $($name:ident),*) => {
+        mod $module {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    super::$name($crate::Fixture::redis().await).await
-                }
-            )*
-        }
-        mod with_memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name($crate::Fixture::memory().await).await
+                    super::$name($crate::Fixture::$fixture().await).await
                 }
             )*
         }

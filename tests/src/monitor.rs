@@ -10,8 +10,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use redis::aio::MultiplexedConnection;
-
 use crate::RedisServer;
 
 #[derive(Default)]
@@ -123,7 +121,7 @@ impl Monitor {
     /// Sends a unique `ECHO` through `conn` and waits until the monitor shows it: every command the server
     /// executed before the marker is in [`lines`](Self::lines) before the returned index, every command it
     /// executes later after it.
-    pub async fn mark(&self, conn: &mut MultiplexedConnection, label: &str) -> usize {
+    pub async fn mark(&self, conn: &mut (impl redis::aio::ConnectionLike + Send), label: &str) -> usize {
         let text = self.next_label(label);
         let from = self.len();
         let _: String = redis::cmd("ECHO").arg(&text).query_async(conn).await.expect("ECHO marker");

@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 
 // Each named scenario runs once per backend.
 
-distlock_tests::both_backends!(
+distlock_tests::all_backends!(
     mutual_exclusion_loses_no_update,
     vanished_holder_cannot_release_next_holders_lock,
     wait_bounds_waiting,
@@ -278,7 +278,7 @@ async fn metadata_is_readable_by_others(fx: Fixture) {
     assert!(info.remaining_ttl <= secs(10) && info.remaining_ttl > secs(5), "remaining {:?}", info.remaining_ttl);
     assert!(other.lock_info("some-other-lock").await.expect("lock_info").is_none());
 
-    if let Some(mut conn) = fx.redis_connection() {
+    if let Some(mut conn) = fx.raw_connection() {
         let pwned: i64 = redis::cmd("EXISTS").arg("pwned").query_async(&mut conn).await.unwrap();
         assert_eq!(pwned, 0, "metadata was executed as Lua");
     }
@@ -341,7 +341,7 @@ async fn keys_with_braces_are_distinct_locks(fx: Fixture) {
         let info = client.lock_info(guard.key()).await.unwrap().expect("held");
         assert_eq!(info.fencing_token, guard.fencing_token(), "lock {:?}", guard.key());
     }
-    if let Some(mut conn) = fx.redis_connection() {
+    if let Some(mut conn) = fx.raw_connection() {
         for record in &records {
             let exists: i64 = redis::cmd("EXISTS").arg(record).query_async(&mut conn).await.unwrap();
             assert_eq!(exists, 1, "record_key {record} is not where the lock lives");

@@ -1,7 +1,14 @@
 //! The cluster harness: a 6-node Redis Cluster (3 primaries, 3 replicas) of real servers comes up with every
-//! slot served, once per test binary, and goes away with it.
+//! slot served, once per test binary, and goes away with it; locks on it across every primary.
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock::{Client, LockError};
 use distlock_tests::cluster::RedisCluster;
+use distlock_tests::Fixture;
+use tokio::task::JoinSet;
 
 #[test]
 fn a_shared_cluster_serves_every_slot_from_three_primaries() {
@@ -17,4 +24,97 @@ fn a_shared_cluster_serves_every_slot_from_three_primaries() {
     assert_eq!(nodes.lines().filter(|l| l.contains("slave")).count(), 3, "{nodes}");
     // The same instance for every caller in this binary.
     assert!(std::ptr::eq(cluster, RedisCluster::shared()));
+}
+
+/// Which primary (by port) owns `record`'s slot.
+fn owner(cluster: &RedisCluster, record: &str) -> String {
+    let port = cluster.nodes()[0].port();
+    let slot = cluster.cli(port, &["CLUSTER", "KEYSLOT", record]).trim().to_owned();
+    let nodes = cluster.cli(port, &["CLUSTER", "NODES"]);
+    let slot: u16 = slot.parse().expect("slot");
+    nodes
+        .lines()
+        .filter(|l| l.contains("master"))
+        .find(|l| {
+            l.split_whitespace().skip(8).any(|range| match range.split_once('-') {
+                Some((a, b)) => a.parse::<u16>().is_ok_and(|a| a <= slot) && b.parse::<u16>().is_ok_and(|b| slot <= b),
+                None => range.parse::<u16>() == Ok(slot),
+            })
+        })
+        .map(|l| l.split_whitespace().nth(1).unwrap_or_default().to_owned())
+        .unwrap_or_else(|| panic!("no primary owns slot {slot}: {nodes}"))
+}
+
+/// 64 tasks over keys spread across all three primaries: no two bodies on one key at once, no update lost,
+/// fencing tokens rising per key; and the keys really did land on every primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_over_every_primary_never_overlap() {
+    let fx = Fixture::cluster().await;
+    let cluster = fx.redis_cluster().expect("cluster fixture");
+    let keys: Vec<String> = (0..12).map(|i| format!("spread-{i}")).collect();
+    let owners: BTreeSet<String> = keys.iter().map(|k| owner(cluster, &fx.client().record_key(k))).collect();
+    assert_eq!(owners.len(), 3, "the keys did not spread over the three primaries: {owners:?}");
+    let counters: Arc<Vec<distlock_tests::Counter>> = Arc::new(keys.iter().map(|k| fx.counter(k)).collect());
+    let inside: Arc<Vec<std::sync::atomic::AtomicUsize>> = Arc::new(keys.iter().map(|_| Default::default()).collect());
+    let fences: Arc<std::sync::Mutex<Vec<Vec<u64>>>> = Arc::new(std::sync::Mutex::new(vec![Vec::new(); keys.len()]));
+    let mut tasks = JoinSet::new();
+    for task in 0..64usize {
+        let client = if task % 2 == 0 { fx.client().clone() } else { fx.other_client().await };
+        let (keys, counters, inside, fences) = (keys.clone(), counters.clone(), inside.clone(), fences.clone());
+        tasks.spawn(async move {
+            for round in 0..3 {
+                let i = (task + round * 5) % keys.len();
+                let guard =
+                    client.lock(&keys[i]).ttl(Duration::from_secs(5)).wait(Duration::from_secs(30)).acquire().await?;
+                assert_eq!(
+                    inside[i].fetch_add(1, std::sync::atomic::Ordering::SeqCst),
+                    0,
+                    "two holders of {}",
+                    keys[i]
+                );
+                fences.lock().expect("fences")[i].push(guard.fencing_token());
+                counters[i].racy_increment(Duration::from_millis(1)).await;
+                inside[i].fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                guard.release().await?;
+            }
+            Ok::<(), LockError>(())
+        });
+    }
+    while let Some(result) = tasks.join_next().await {
+        result.expect("task").expect("lock cycle");
+    }
+    let mut total = 0;
+    for counter in counters.iter() {
+        total += counter.get().await;
+    }
+    assert_eq!(total, 64 * 3, "an update was lost");
+    for (i, seen) in fences.lock().expect("fences").iter().enumerate() {
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "fencing tokens of {} did not rise: {seen:?}", keys[i]);
+    }
+}
+
+/// Settings the cluster backend cannot honour yet are refused with a reason, not ignored.
+#[tokio::test]
+async fn replica_acknowledgement_on_a_cluster_is_refused_plainly() {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::shared).await.expect("cluster");
+    let result =
+        Client::builder().redis_cluster(cluster.seeds()).wait_for_replicas(1, Duration::from_millis(50)).build().await;
+    match result {
+        Err(LockError::InvalidConfig(message)) => assert!(message.contains("wait_for_replicas"), "{message}"),
+        other => panic!("wait_for_replicas on a cluster was not refused: {other:?}"),
+    }
+    match Client::builder().redis_cluster(Vec::<String>::new()).build().await {
+        Err(LockError::InvalidConfig(message)) => assert!(message.contains("at least one"), "{message}"),
+        other => panic!("a cluster without seeds was accepted: {other:?}"),
+    }
+}
+
+/// A cluster node given to the one-server builder says to use `redis_cluster`.
+#[tokio::test]
+async fn a_cluster_node_given_as_one_server_points_to_redis_cluster() {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::shared).await.expect("cluster");
+    match Client::builder().redis(cluster.seeds()[0].clone()).build().await {
+        Err(LockError::InvalidConfig(message)) => assert!(message.contains("redis_cluster"), "{message}"),
+        other => panic!("a cluster node was accepted as one server: {other:?}"),
+    }
 }

@@ -10,7 +10,7 @@ use distlock_tests::time::{ms, secs};
 use distlock_tests::{busy_for_outsiders, within, Fixture};
 use tokio::sync::oneshot;
 
-distlock_tests::both_backends!(
+distlock_tests::all_backends!(
     reentrant_request_inside_body_shares_the_hold,
     spawned_tasks_and_siblings_are_not_owners,
     lost_lock_cancels_body,

@@ -8,7 +8,7 @@ use distlock::{Client, LockError, RetryStrategy};
 use distlock_tests::{eventually, within, Fixture};
 use tokio::time::Instant;
 
-distlock_tests::both_backends!(
+distlock_tests::all_backends!(
     waiters_are_served_in_arrival_order,
     release_serves_the_next_waiter_promptly,
     waiter_that_gives_up_leaves_the_queue,

@@ -274,7 +274,7 @@ fn no_reply() -> Reply {
 }
 
 /// The script call for `ops`: the single-operation script for one, [`BATCH`] for several.
-fn command(ops: &[Op<'_>], by_source: bool) -> Cmd {
+pub(super) fn command(ops: &[Op<'_>], by_source: bool) -> Cmd {
     let (script, batched) = match ops {
         [op] => (op.script(), false),
         _ => (&*BATCH, true),
@@ -299,7 +299,7 @@ fn command(ops: &[Op<'_>], by_source: bool) -> Cmd {
 }
 
 /// One operation in a call of its own.
-async fn call_one(conn: &impl Transport, op: &Op<'_>) -> Reply {
+pub(super) async fn call_one(conn: &impl Transport, op: &Op<'_>) -> Reply {
     let value = conn.call(std::slice::from_ref(op)).await?;
     match (op, value) {
         (Op::Acquire { .. }, Value::Array(reply)) => match reply.as_slice() {

@@ -4,20 +4,22 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, FromRedisValue, IntoConnectionInfo, ProtocolVersion, Value};
 
 use super::{Attempt, Capabilities, Fencing, Hold, LockKeys, Queueing, ReleaseWatch, Renewal, Store, WakeUps};
 use crate::error::{redact_url, BackendError};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
-use self::batch::{Coalescer, Op};
+use self::batch::{Coalescer, Op, Reply};
 use self::config_errors::{database_error, url_error};
+use self::link::Link;
 use self::scripts::{LuaScript, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY, WITHDRAW};
 use self::subscriber::Subscriber;
 
 mod batch;
 mod config_errors;
+mod link;
 mod scripts;
 mod subscriber;
 
@@ -55,12 +57,28 @@ pub(crate) struct Timeouts {
     pub(crate) response: Duration,
 }
 
+/// Where acquires and releases go: on one server, through the coalescer (concurrent ones share a script call);
+/// on a cluster, each in its own call (a call's keys must share one slot, and concurrent operations rarely do).
+enum Hot {
+    Coalesced(std::sync::Arc<Coalescer>),
+    Direct(redis::cluster_async::ClusterConnection),
+}
+
+impl Hot {
+    async fn run(&self, op: Op<'_>) -> Reply {
+        match self {
+            Hot::Coalesced(coalescer) => coalescer.run(op).await,
+            Hot::Direct(conn) => batch::call_one(conn, &op).await,
+        }
+    }
+}
+
 pub(crate) struct RedisBackend {
     /// The URL with any password replaced, for messages.
     server: String,
-    commands: ConnectionManager,
+    commands: Link,
     /// Acquires and releases, which share script calls under load.
-    hot: std::sync::Arc<Coalescer>,
+    hot: Hot,
     subscriber: Subscriber,
     replicas: Option<ReplicaAcks>,
 }
@@ -69,6 +87,18 @@ impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBackend").field("server", &self.server).finish_non_exhaustive()
     }
+}
+
+/// A `#insecure` URL turns off certificate checks: refused unless the builder opted in.
+fn refuse_unchecked_tls(url: &str, settings: &ConnectSettings<'_>) -> Result<(), LockError> {
+    if url.trim_end().ends_with("#insecure") && !settings.allow_insecure_tls {
+        return Err(LockError::InvalidConfig(format!(
+            "{} turns off TLS certificate checks; a lock server reached without them can be impersonated. \
+             Remove `#insecure`, or opt in with ClientBuilder::allow_insecure_tls(true)",
+            redact_url(url)
+        )));
+    }
+    Ok(())
 }
 
 fn manager_config(timeouts: Timeouts) -> ConnectionManagerConfig {
@@ -84,12 +114,7 @@ impl RedisBackend {
     pub(crate) async fn connect(url: &str, settings: ConnectSettings<'_>) -> Result<Self, LockError> {
         let timeouts = settings.timeouts;
         let server = redact_url(url);
-        if url.trim_end().ends_with("#insecure") && !settings.allow_insecure_tls {
-            return Err(LockError::InvalidConfig(format!(
-                "{server} turns off TLS certificate checks; a lock server reached without them can be impersonated. \
-                 Remove `#insecure`, or opt in with ClientBuilder::allow_insecure_tls(true)"
-            )));
-        }
+        refuse_unchecked_tls(url, &settings)?;
         let info = url.into_connection_info().map_err(|e| url_error(&server, &e))?;
         let client = redis::Client::open(info.clone()).map_err(|e| url_error(&server, &e))?;
         let connect = ConnectionManager::new_with_config(client, manager_config(timeouts));
@@ -108,10 +133,108 @@ impl RedisBackend {
         debug_assert_eq!(pong, "PONG");
         let resp3 = info.clone().set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
         let subscriber = Subscriber::new(resp3, timeouts);
-        let hot = Coalescer::new(commands.clone());
-        let backend = Self { server, commands, hot, subscriber, replicas: settings.replicas };
+        let hot = Hot::Coalesced(Coalescer::new(commands.clone()));
+        let backend = Self { server, commands: Link::One(commands), hot, subscriber, replicas: settings.replicas };
         backend.probe(settings.prefix).await?;
         Ok(backend)
+    }
+
+    /// Connects to a Redis Cluster through `seeds` (any of its nodes) and checks it as [`connect`](Self::connect)
+    /// checks one server. One RESP3 cluster connection carries the scripts and the subscriptions.
+    pub(crate) async fn connect_cluster(seeds: &[String], settings: ConnectSettings<'_>) -> Result<Self, LockError> {
+        let timeouts = settings.timeouts;
+        let server = format!("cluster {}", seeds.iter().map(|s| redact_url(s)).collect::<Vec<_>>().join(", "));
+        if seeds.is_empty() {
+            return Err(LockError::InvalidConfig("redis_cluster needs at least one node URL to start from".into()));
+        }
+        if settings.replicas.is_some() {
+            return Err(LockError::InvalidConfig(format!(
+                "{server}: wait_for_replicas is not supported on a Redis Cluster yet; without it a failover \
+                 can lose a grant the primary had not replicated (see the README's guarantees per backend)"
+            )));
+        }
+        let mut infos = Vec::with_capacity(seeds.len());
+        for seed in seeds {
+            refuse_unchecked_tls(seed, &settings)?;
+            infos.push(seed.as_str().into_connection_info().map_err(|e| url_error(&redact_url(seed), &e))?);
+        }
+        let subscriber = Subscriber::given(timeouts);
+        // The crate's defaults wait at least 1.28 s between retries and bound a whole call by one attempt's
+        // timeout: set both, so a call in flight completes soon after a replica is promoted.
+        let client = redis::cluster::ClusterClientBuilder::new(infos)
+            .use_protocol(ProtocolVersion::RESP3)
+            .push_sender(subscriber.push_handler())
+            .connection_timeout(timeouts.connect)
+            .response_timeout(timeouts.response)
+            .overall_response_timeout(Some(timeouts.response * 2))
+            .retries(4)
+            .min_retry_wait(10)
+            .max_retry_wait(500)
+            .build()
+            .map_err(|e| url_error(&server, &e))?;
+        let conn = tokio::time::timeout(timeouts.connect * 2, client.get_async_connection())
+            .await
+            .map_err(|_| BackendError::new(&server, None, timeout_error("connect")))?
+            .map_err(|e| BackendError::new(&server, None, e))?;
+        subscriber.use_connection(Link::Cluster(conn.clone()));
+        let backend =
+            Self { server, commands: Link::Cluster(conn.clone()), hot: Hot::Direct(conn), subscriber, replicas: None };
+        backend.probe(settings.prefix).await?;
+        Ok(backend)
+    }
+
+    /// The renewals on a cluster: one RENEW_MANY call per slot (a call's keys must share one), all at once.
+    async fn renew_by_slot(&self, items: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
+        let mut by_slot: std::collections::HashMap<redis::cluster_routing::Slot, Vec<usize>> = Default::default();
+        for (i, item) in items.iter().enumerate() {
+            by_slot.entry(redis::cluster_routing::Slot::for_key(&item.keys.record)).or_default().push(i);
+        }
+        let calls = by_slot
+            .into_values()
+            .flat_map(|indices| indices.chunks(RENEWALS_PER_CALL).map(<[usize]>::to_vec).collect::<Vec<_>>());
+        let calls = calls.map(|indices| async move {
+            let mut conn = self.commands.clone();
+            let reply: redis::RedisResult<Vec<Value>> = send_script(&mut conn, |by_source| {
+                let mut cmd = Cmd::new();
+                if by_source {
+                    cmd.arg("EVAL").arg(RENEW_MANY.source);
+                } else {
+                    cmd.arg("EVALSHA").arg(&RENEW_MANY.sha);
+                }
+                cmd.arg(indices.len());
+                for &i in &indices {
+                    cmd.arg(&items[i].keys.record);
+                }
+                for &i in &indices {
+                    cmd.arg(items[i].token.as_str()).arg(millis(items[i].ttl));
+                }
+                cmd
+            })
+            .await;
+            (indices, reply)
+        });
+        let mut renewed: Vec<Option<Result<bool, LockError>>> = items.iter().map(|_| None).collect();
+        for (indices, reply) in futures_util::future::join_all(calls).await {
+            let results: Vec<redis::RedisResult<bool>> = match reply {
+                Ok(values) if values.len() == indices.len() => values
+                    .into_iter()
+                    .map(|value| match value {
+                        Value::Int(n) => Ok(n == 1),
+                        Value::BulkString(message) => Err(failed_in_script(&message)),
+                        _ => Err(unexpected_reply()),
+                    })
+                    .collect(),
+                Ok(_) => indices.iter().map(|_| Err(unexpected_reply())).collect(),
+                Err(e) => indices.iter().map(|_| Err(e.clone())).collect(),
+            };
+            for (i, result) in indices.into_iter().zip(results) {
+                renewed[i] = Some(result.map_err(|e| self.error(items[i].keys, e)));
+            }
+        }
+        renewed
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(LockError::InvalidConfig("renewal not sent".into()))))
+            .collect()
     }
 
     /// Takes and gives back a probe lock, so a missing ACL right or a cluster address fails at startup with an
@@ -119,10 +242,10 @@ impl RedisBackend {
     async fn probe(&self, prefix: &str) -> Result<(), LockError> {
         let mut conn = self.commands.clone();
         let cluster: Option<String> = redis::cmd("INFO").arg("cluster").query_async(&mut conn).await.ok();
-        if cluster.is_some_and(|info| info.contains("cluster_enabled:1")) {
+        if !self.commands.is_cluster() && cluster.is_some_and(|info| info.contains("cluster_enabled:1")) {
             return Err(LockError::InvalidConfig(format!(
-                "{} is a Redis Cluster node; this client talks to one Redis server (a standalone server or a \
-                 replicated primary). Point it at a standalone Redis",
+                "{} is a Redis Cluster node; ClientBuilder::redis talks to one Redis server (a standalone server \
+                 or a replicated primary). For a cluster, use ClientBuilder::redis_cluster(seeds)",
                 self.server
             )));
         }
@@ -171,7 +294,7 @@ impl RedisBackend {
     fn error(&self, keys: &LockKeys, e: redis::RedisError) -> LockError {
         if matches!(e.kind(), redis::ErrorKind::Server(redis::ServerErrorKind::Moved)) {
             return LockError::InvalidConfig(format!(
-                "{} answered MOVED for lock `{}`: it is a Redis Cluster node; point the client at a standalone Redis",
+                "{} answered MOVED for lock `{}`: it is a Redis Cluster node; use ClientBuilder::redis_cluster(seeds) for a cluster",
                 self.server, keys.name
             ));
         }
@@ -293,6 +416,9 @@ impl Store for RedisBackend {
     /// The renewals in one round trip: one RENEW_MANY call per [`RENEWALS_PER_CALL`] locks, pipelined; if the
     /// server lost its script cache, once more as EVAL.
     async fn renew_many(&self, items: &[Renewal<'_>]) -> Result<Vec<Result<bool, LockError>>, LockError> {
+        if self.commands.is_cluster() {
+            return Ok(self.renew_by_slot(items).await);
+        }
         let pipeline = |by_source: bool| {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
@@ -416,7 +542,7 @@ impl Store for RedisBackend {
 /// lost its script cache. Every script is keyed by the grants' tokens, so a repeat is safe: a repeated
 /// acquire finds its own grant.
 async fn send_script<T: FromRedisValue>(
-    conn: &mut ConnectionManager,
+    conn: &mut (impl ConnectionLike + Send),
     build: impl Fn(bool) -> Cmd,
 ) -> redis::RedisResult<T> {
     let cmd = build(false);

@@ -8,17 +8,23 @@ use redis::aio::ConnectionManager;
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::watch;
 
+use super::link::Link;
 use super::{manager_config, Timeouts};
 use crate::backend::{Announcement, ReleaseWatch};
 use crate::LockToken;
 
 /// The shared subscriber: one RESP3 connection per client, opened on the first wait, carrying the
 /// subscriptions of all waiters. A channel is subscribed while at least one waiter watches it.
+///
+/// On a Redis Cluster the subscriptions ride on the command connection itself (one RESP3 cluster connection),
+/// which moves them to the channel's new owner when the topology changes: a subscriber-only cluster
+/// connection sends no command that would make it notice a failover.
 pub(super) struct Subscriber {
-    info: redis::ConnectionInfo,
+    /// Where to open the connection on first use; `None` on a cluster, whose connection is given.
+    info: Option<redis::ConnectionInfo>,
     timeouts: Timeouts,
     channels: Arc<Mutex<HashMap<Vec<u8>, Channel>>>,
-    connection: Arc<tokio::sync::OnceCell<ConnectionManager>>,
+    connection: Arc<tokio::sync::OnceCell<Link>>,
     /// Serializes SUBSCRIBE/UNSUBSCRIBE so each is decided on the waiter count at the time it is sent.
     commands: Arc<tokio::sync::Mutex<()>>,
 }
@@ -36,10 +42,32 @@ fn lock_channels(channels: &Mutex<HashMap<Vec<u8>, Channel>>) -> MutexGuard<'_, 
 
 impl Subscriber {
     pub(super) fn new(info: redis::ConnectionInfo, timeouts: Timeouts) -> Self {
-        Self { info, timeouts, channels: Arc::default(), connection: Arc::default(), commands: Arc::default() }
+        Self {
+            info: Some(info),
+            timeouts,
+            channels: Arc::default(),
+            connection: Arc::default(),
+            commands: Arc::default(),
+        }
     }
 
-    async fn connection(&self) -> redis::RedisResult<ConnectionManager> {
+    /// A subscriber whose connection is made elsewhere ([`use_connection`](Self::use_connection)), with
+    /// [`push_handler`](Self::push_handler) installed on it.
+    pub(super) fn given(timeouts: Timeouts) -> Self {
+        Self { info: None, timeouts, channels: Arc::default(), connection: Arc::default(), commands: Arc::default() }
+    }
+
+    /// Subscribes on `connection` from now on (its pushes must go to [`push_handler`](Self::push_handler)).
+    pub(super) fn use_connection(&self, connection: Link) {
+        let _ = self.connection.set(connection);
+    }
+
+    /// What the connection does with each push: a release announcement wakes its heir; a disconnection makes
+    /// every waiter retry (announcements may have been lost meanwhile) and restores the subscriptions
+    /// (redis-rs's own resubscription gives up on a failure).
+    pub(super) fn push_handler(
+        &self,
+    ) -> impl Fn(PushInfo) -> Result<(), std::convert::Infallible> + Send + Sync + 'static {
         let channels = Arc::clone(&self.channels);
         let resubscribe = Resubscribe {
             channels: Arc::clone(&self.channels),
@@ -47,35 +75,43 @@ impl Subscriber {
             commands: Arc::clone(&self.commands),
             runtime: tokio::runtime::Handle::try_current().ok(),
         };
-        self.connection
-            .get_or_try_init(|| async move {
-                let on_push = move |push: PushInfo| -> Result<(), std::convert::Infallible> {
-                    let channels = lock_channels(&channels);
-                    match push.kind {
-                        PushKind::Message => {
-                            if let [Value::BulkString(name), Value::BulkString(text), ..] = push.data.as_slice() {
-                                let text = String::from_utf8_lossy(text);
-                                let heir = text.split(':').next().unwrap_or_default();
-                                if let Some(tx) = channels.get(name.as_slice()).and_then(|c| c.waiters.get(heir)) {
-                                    tx.send_replace(Announcement::HandedOver(text.as_ref().into()));
-                                }
-                            }
+        move |push: PushInfo| {
+            let channels = lock_channels(&channels);
+            match push.kind {
+                PushKind::Message | PushKind::SMessage => {
+                    if let [Value::BulkString(name), Value::BulkString(text), ..] = push.data.as_slice() {
+                        let text = String::from_utf8_lossy(text);
+                        let heir = text.split(':').next().unwrap_or_default();
+                        if let Some(tx) = channels.get(name.as_slice()).and_then(|c| c.waiters.get(heir)) {
+                            tx.send_replace(Announcement::HandedOver(text.as_ref().into()));
                         }
-                        // Announcements may have been lost while disconnected: every waiter retries once, and
-                        // the subscriptions are restored (redis-rs's own resubscription gives up on a failure).
-                        PushKind::Disconnection => {
-                            for tx in channels.values().flat_map(|c| c.waiters.values()) {
-                                tx.send_replace(Announcement::Retry);
-                            }
-                            resubscribe.start();
-                        }
-                        _ => {}
                     }
-                    Ok(())
+                }
+                PushKind::Disconnection => {
+                    for tx in channels.values().flat_map(|c| c.waiters.values()) {
+                        tx.send_replace(Announcement::Retry);
+                    }
+                    resubscribe.start();
+                }
+                _ => {}
+            }
+            Ok(())
+        }
+    }
+
+    async fn connection(&self) -> redis::RedisResult<Link> {
+        self.connection
+            .get_or_try_init(|| async {
+                let Some(info) = self.info.clone() else {
+                    return Err(redis::RedisError::from((
+                        redis::ErrorKind::Io,
+                        "the cluster connection for subscriptions is not set up",
+                    )));
                 };
-                let config = manager_config(self.timeouts).set_push_sender(on_push).set_automatic_resubscription();
-                let client = redis::Client::open(self.info.clone())?;
-                ConnectionManager::new_with_config(client, config).await
+                let config =
+                    manager_config(self.timeouts).set_push_sender(self.push_handler()).set_automatic_resubscription();
+                let client = redis::Client::open(info)?;
+                ConnectionManager::new_with_config(client, config).await.map(Link::One)
             })
             .await
             .cloned()
@@ -147,7 +183,7 @@ impl Subscriber {
 #[derive(Clone)]
 struct Resubscribe {
     channels: Arc<Mutex<HashMap<Vec<u8>, Channel>>>,
-    connection: Arc<tokio::sync::OnceCell<ConnectionManager>>,
+    connection: Arc<tokio::sync::OnceCell<Link>>,
     commands: Arc<tokio::sync::Mutex<()>>,
     runtime: Option<tokio::runtime::Handle>,
 }
