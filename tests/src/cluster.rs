@@ -103,6 +103,61 @@ impl RedisCluster {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
+    /// `CLUSTER NODES` as one live node sees it (any node that answers).
+    fn cluster_nodes(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| self.cli(n.port(), &["CLUSTER", "NODES"]))
+            .find(|text| text.contains("myself"))
+            .unwrap_or_default()
+    }
+
+    /// The port of the primary that serves `key`'s slot now.
+    pub fn primary_for(&self, key: &str) -> u16 {
+        let slot: u16 = self
+            .nodes
+            .iter()
+            .map(|n| self.cli(n.port(), &["CLUSTER", "KEYSLOT", key]))
+            .find_map(|text| text.trim().parse().ok())
+            .expect("CLUSTER KEYSLOT");
+        let nodes = self.cluster_nodes();
+        nodes
+            .lines()
+            .filter(|l| l.contains("master") && !l.contains("fail"))
+            .find(|l| {
+                l.split_whitespace().skip(8).any(|range| match range.split_once('-') {
+                    Some((a, b)) => {
+                        a.parse::<u16>().is_ok_and(|a| a <= slot) && b.parse::<u16>().is_ok_and(|b| slot <= b)
+                    }
+                    None => range.parse::<u16>() == Ok(slot),
+                })
+            })
+            .and_then(node_port)
+            .unwrap_or_else(|| panic!("no live primary serves slot {slot} of {key}: {nodes}"))
+    }
+
+    /// The ports of the replicas of the primary on `primary`.
+    pub fn replicas_of(&self, primary: u16) -> Vec<u16> {
+        let nodes = self.cluster_nodes();
+        let id = nodes.lines().find(|l| node_port(l) == Some(primary)).and_then(|l| l.split_whitespace().next());
+        let Some(id) = id else { return Vec::new() };
+        nodes.lines().filter(|l| l.split_whitespace().nth(3) == Some(id)).filter_map(node_port).collect()
+    }
+
+    /// Waits until the node on `port` reports itself a primary; panics after `limit`.
+    pub fn wait_primary(&self, port: u16, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while !self.cli(port, &["ROLE"]).starts_with("master") {
+            assert!(Instant::now() < deadline, "127.0.0.1:{port} was not promoted within {limit:?}");
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The node on `port`, mutably (to kill it).
+    pub fn node_mut(&mut self, port: u16) -> Option<&mut RedisServer> {
+        self.nodes.iter_mut().find(|n| n.port() == port)
+    }
+
     fn wait_ready(&self) {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
@@ -154,4 +209,10 @@ fn reaper(nodes: &[RedisServer]) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start the cluster's reaper: {e}"))
+}
+
+/// The client port in a `CLUSTER NODES` line (`<id> <ip>:<port>@<bus> ...`).
+fn node_port(line: &str) -> Option<u16> {
+    let address = line.split_whitespace().nth(1)?;
+    address.split('@').next()?.rsplit(':').next()?.parse().ok()
 }

@@ -26,25 +26,6 @@ fn a_shared_cluster_serves_every_slot_from_three_primaries() {
     assert!(std::ptr::eq(cluster, RedisCluster::shared()));
 }
 
-/// Which primary (by port) owns `record`'s slot.
-fn owner(cluster: &RedisCluster, record: &str) -> String {
-    let port = cluster.nodes()[0].port();
-    let slot = cluster.cli(port, &["CLUSTER", "KEYSLOT", record]).trim().to_owned();
-    let nodes = cluster.cli(port, &["CLUSTER", "NODES"]);
-    let slot: u16 = slot.parse().expect("slot");
-    nodes
-        .lines()
-        .filter(|l| l.contains("master"))
-        .find(|l| {
-            l.split_whitespace().skip(8).any(|range| match range.split_once('-') {
-                Some((a, b)) => a.parse::<u16>().is_ok_and(|a| a <= slot) && b.parse::<u16>().is_ok_and(|b| slot <= b),
-                None => range.parse::<u16>() == Ok(slot),
-            })
-        })
-        .map(|l| l.split_whitespace().nth(1).unwrap_or_default().to_owned())
-        .unwrap_or_else(|| panic!("no primary owns slot {slot}: {nodes}"))
-}
-
 /// 64 tasks over keys spread across all three primaries: no two bodies on one key at once, no update lost,
 /// fencing tokens rising per key; and the keys really did land on every primary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -52,7 +33,7 @@ async fn tasks_over_every_primary_never_overlap() {
     let fx = Fixture::cluster().await;
     let cluster = fx.redis_cluster().expect("cluster fixture");
     let keys: Vec<String> = (0..12).map(|i| format!("spread-{i}")).collect();
-    let owners: BTreeSet<String> = keys.iter().map(|k| owner(cluster, &fx.client().record_key(k))).collect();
+    let owners: BTreeSet<u16> = keys.iter().map(|k| cluster.primary_for(&fx.client().record_key(k))).collect();
     assert_eq!(owners.len(), 3, "the keys did not spread over the three primaries: {owners:?}");
     let counters: Arc<Vec<distlock_tests::Counter>> = Arc::new(keys.iter().map(|k| fx.counter(k)).collect());
     let inside: Arc<Vec<std::sync::atomic::AtomicUsize>> = Arc::new(keys.iter().map(|_| Default::default()).collect());

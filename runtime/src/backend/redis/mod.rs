@@ -13,7 +13,7 @@ use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 use self::batch::{Coalescer, Op, Reply};
 use self::config_errors::{database_error, url_error};
-use self::link::Link;
+use self::link::{ClusterLink, Link};
 use self::scripts::{LuaScript, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY, WITHDRAW};
 use self::subscriber::Subscriber;
 
@@ -61,7 +61,7 @@ pub(crate) struct Timeouts {
 /// on a cluster, each in its own call (a call's keys must share one slot, and concurrent operations rarely do).
 enum Hot {
     Coalesced(std::sync::Arc<Coalescer>),
-    Direct(redis::cluster_async::ClusterConnection),
+    Direct(Link),
 }
 
 impl Hot {
@@ -176,9 +176,11 @@ impl RedisBackend {
             .await
             .map_err(|_| BackendError::new(&server, None, timeout_error("connect")))?
             .map_err(|e| BackendError::new(&server, None, e))?;
-        subscriber.use_connection(Link::Cluster(conn.clone()));
-        let backend =
-            Self { server, commands: Link::Cluster(conn.clone()), hot: Hot::Direct(conn), subscriber, replicas: None };
+        let link = ClusterLink::new(client, conn, timeouts.connect, server.clone());
+        link.on_rebuilt(subscriber.after_reconnect());
+        let link = Link::Cluster(link);
+        subscriber.use_connection(link.clone());
+        let backend = Self { server, commands: link.clone(), hot: Hot::Direct(link), subscriber, replicas: None };
         backend.probe(settings.prefix).await?;
         Ok(backend)
     }
@@ -292,7 +294,7 @@ impl RedisBackend {
     }
 
     fn error(&self, keys: &LockKeys, e: redis::RedisError) -> LockError {
-        if matches!(e.kind(), redis::ErrorKind::Server(redis::ServerErrorKind::Moved)) {
+        if !self.commands.is_cluster() && matches!(e.kind(), redis::ErrorKind::Server(redis::ServerErrorKind::Moved)) {
             return LockError::InvalidConfig(format!(
                 "{} answered MOVED for lock `{}`: it is a Redis Cluster node; use ClientBuilder::redis_cluster(seeds) for a cluster",
                 self.server, keys.name

@@ -99,6 +99,23 @@ impl Subscriber {
         }
     }
 
+    /// What to do once the connection was replaced: the subscriptions are gone with the old one, and so may
+    /// be announcements made meanwhile, so every waiter retries and the subscriptions are restored.
+    pub(super) fn after_reconnect(&self) -> impl Fn() + Send + Sync + 'static {
+        let resubscribe = Resubscribe {
+            channels: Arc::clone(&self.channels),
+            connection: Arc::clone(&self.connection),
+            commands: Arc::clone(&self.commands),
+            runtime: tokio::runtime::Handle::try_current().ok(),
+        };
+        move || {
+            for tx in lock_channels(&resubscribe.channels).values().flat_map(|c| c.waiters.values()) {
+                tx.send_replace(Announcement::Retry);
+            }
+            resubscribe.start();
+        }
+    }
+
     async fn connection(&self) -> redis::RedisResult<Link> {
         self.connection
             .get_or_try_init(|| async {
