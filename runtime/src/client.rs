@@ -161,6 +161,7 @@ enum StoreChoice {
     Unset,
     Redis(RedisUrl),
     RedisCluster(Vec<RedisUrl>),
+    RedisSentinel(Vec<RedisUrl>, String),
     Memory,
 }
 
@@ -209,6 +210,32 @@ impl ClientBuilder {
     /// ```
     pub fn redis_cluster<S: Into<String>>(mut self, seeds: impl IntoIterator<Item = S>) -> Self {
         self.store = StoreChoice::RedisCluster(seeds.into_iter().map(|s| RedisUrl(s.into())).collect());
+        self
+    }
+
+    /// Keeps locks on the primary that Redis Sentinel names for `service`, asking the sentinels at
+    /// `sentinels` (their URLs, as for [`redis`](Self::redis)). After a failover the client asks them again
+    /// and moves to the new primary: calls that failed meanwhile are retried by waiters, and a holder whose
+    /// renewals could not reach a primary in time is told its lock is lost. Combine with
+    /// [`wait_for_replicas`](Self::wait_for_replicas) so that a failover cannot lose a grant.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// use std::time::Duration;
+    /// let client = distlock::Client::builder()
+    ///     .redis_sentinel(["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/", "redis://10.0.0.3:26379/"], "locks")
+    ///     .wait_for_replicas(1, Duration::from_millis(50))
+    ///     .build()
+    ///     .await?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn redis_sentinel<S: Into<String>>(
+        mut self,
+        sentinels: impl IntoIterator<Item = S>,
+        service: impl Into<String>,
+    ) -> Self {
+        self.store =
+            StoreChoice::RedisSentinel(sentinels.into_iter().map(|s| RedisUrl(s.into())).collect(), service.into());
         self
     }
 
@@ -269,6 +296,12 @@ impl ClientBuilder {
         if self.timeouts.connect.is_zero() || self.timeouts.response.is_zero() {
             return Err(LockError::InvalidConfig("connect and response timeouts must be above zero".into()));
         }
+        let settings = ConnectSettings {
+            timeouts: self.timeouts,
+            prefix: &self.prefix,
+            allow_insecure_tls: self.allow_insecure_tls,
+            replicas: self.replicas,
+        };
         let backend = match self.store {
             StoreChoice::Unset => {
                 return Err(LockError::InvalidConfig(
@@ -276,23 +309,15 @@ impl ClientBuilder {
                 ))
             }
             StoreChoice::Redis(RedisUrl(url)) => {
-                let settings = ConnectSettings {
-                    timeouts: self.timeouts,
-                    prefix: &self.prefix,
-                    allow_insecure_tls: self.allow_insecure_tls,
-                    replicas: self.replicas,
-                };
                 Backend::Redis(RedisBackend::connect(&url, settings).await?)
             }
             StoreChoice::RedisCluster(seeds) => {
-                let settings = ConnectSettings {
-                    timeouts: self.timeouts,
-                    prefix: &self.prefix,
-                    allow_insecure_tls: self.allow_insecure_tls,
-                    replicas: self.replicas,
-                };
                 let seeds: Vec<String> = seeds.into_iter().map(|RedisUrl(url)| url).collect();
                 Backend::Redis(RedisBackend::connect_cluster(&seeds, settings).await?)
+            }
+            StoreChoice::RedisSentinel(sentinels, service) => {
+                let sentinels: Vec<String> = sentinels.into_iter().map(|RedisUrl(url)| url).collect();
+                Backend::Redis(RedisBackend::connect_sentinel(&sentinels, &service, settings).await?)
             }
             StoreChoice::Memory => Backend::Memory(MemoryBackend::default()),
         };

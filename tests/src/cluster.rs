@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::server::{free_port, RedisServer};
+use crate::server::{free_port, reaper, RedisServer};
 
 /// How long the cluster may take to agree on its slots and link its replicas.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -48,7 +48,7 @@ impl RedisCluster {
                 ])
             })
             .collect();
-        let reaper = Some(reaper(&nodes));
+        let reaper = Some(reaper(&nodes.iter().collect::<Vec<_>>()));
         let mut create = Command::new("redis-cli");
         create.arg("--cluster").arg("create");
         for node in &nodes {
@@ -189,26 +189,6 @@ impl Drop for RedisCluster {
             let _ = reaper.wait();
         }
     }
-}
-
-/// A shell that waits for this process to exit, then kills `nodes` and removes their directories (a static
-/// cluster is never dropped).
-fn reaper(nodes: &[RedisServer]) -> Child {
-    let pids: Vec<String> = nodes.iter().filter_map(RedisServer::pid).map(|p| p.to_string()).collect();
-    let dirs: Vec<String> = nodes.iter().map(|n| format!("'{}'", n.dir().display())).collect();
-    let script = format!(
-        "while kill -0 {} 2>/dev/null; do sleep 0.5; done; kill -9 {} 2>/dev/null; sleep 0.2; rm -rf {}",
-        std::process::id(),
-        pids.join(" "),
-        dirs.join(" ")
-    );
-    Command::new("sh")
-        .args(["-c", &script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start the cluster's reaper: {e}"))
 }
 
 /// The client port in a `CLUSTER NODES` line (`<id> <ip>:<port>@<bus> ...`).

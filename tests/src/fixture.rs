@@ -13,6 +13,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Value};
 
 use crate::cluster::RedisCluster;
+use crate::sentinel::SentinelGroup;
 use crate::RedisServer;
 
 /// Which backend a [`Fixture`] runs on.
@@ -24,6 +25,9 @@ pub enum Backend {
     Memory,
     /// `ClientBuilder::redis_cluster(..)` on the test binary's shared cluster, with a key prefix of its own.
     Cluster,
+    /// `ClientBuilder::redis_sentinel(..)` on the test binary's shared Sentinel group, with a key prefix of
+    /// its own.
+    Sentinel,
 }
 
 /// A backend with a connected client.
@@ -33,6 +37,7 @@ pub struct Fixture {
     client: Client,
     redis: Option<(RedisServer, MultiplexedConnection)>,
     cluster: Option<(&'static RedisCluster, RawConnection, String)>,
+    sentinel: Option<(&'static SentinelGroup, RawConnection, String)>,
 }
 
 /// A raw connection for assertions: to the private server, or to the shared cluster (routed by key).
@@ -91,21 +96,38 @@ impl Fixture {
             .await
             .unwrap_or_else(|e| panic!("client for {}: {e}", server.url()));
         let conn = server.connection().await;
-        Fixture { backend: Backend::Redis, client, redis: Some((server, conn)), cluster: None }
+        Fixture { backend: Backend::Redis, client, redis: Some((server, conn)), cluster: None, sentinel: None }
     }
 
     /// A fresh in-process backend and a client on it.
     pub async fn memory() -> Self {
         let client = Client::builder().memory().build().await.expect("memory client");
-        Fixture { backend: Backend::Memory, client, redis: None, cluster: None }
+        Fixture { backend: Backend::Memory, client, redis: None, cluster: None, sentinel: None }
+    }
+
+    /// A client on the test binary's shared Sentinel group ([`SentinelGroup::shared`]), with a key prefix no
+    /// other fixture uses.
+    pub async fn sentinel() -> Self {
+        let group = SentinelGroup::shared().await;
+        let prefix = unique_prefix();
+        let client = sentinel_client(group, &prefix).await;
+        let port = group.primary_port().await.expect("the sentinels name a primary");
+        let server = group.servers.iter().find(|s| s.port() == port).expect("the primary is one of the group's");
+        let conn = RawConnection::Server(server.connection().await);
+        Fixture {
+            backend: Backend::Sentinel,
+            client,
+            redis: None,
+            cluster: None,
+            sentinel: Some((group, conn, prefix)),
+        }
     }
 
     /// A client on the test binary's shared Redis Cluster ([`RedisCluster::shared`]), with a key prefix no
     /// other fixture uses, so tests running at once on the one cluster never share a key.
     pub async fn cluster() -> Self {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
         let cluster = tokio::task::spawn_blocking(RedisCluster::shared).await.expect("cluster start");
-        let prefix = format!("t{}-{}:", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        let prefix = unique_prefix();
         let client = cluster_client(cluster, &prefix).await;
         let conn = redis::cluster::ClusterClient::new(cluster.seeds())
             .expect("cluster client")
@@ -117,6 +139,7 @@ impl Fixture {
             client,
             redis: None,
             cluster: Some((cluster, RawConnection::Cluster(conn), prefix)),
+            sentinel: None,
         }
     }
 
@@ -139,9 +162,10 @@ impl Fixture {
                 .build()
                 .await
                 .unwrap_or_else(|e| panic!("client for {}: {e}", server.url())),
-            None => match &self.cluster {
-                Some((cluster, _, prefix)) => cluster_client(cluster, prefix).await,
-                None => self.client.clone(),
+            None => match (&self.cluster, &self.sentinel) {
+                (Some((cluster, _, prefix)), _) => cluster_client(cluster, prefix).await,
+                (_, Some((group, _, prefix))) => sentinel_client(group, prefix).await,
+                _ => self.client.clone(),
             },
         }
     }
@@ -168,19 +192,19 @@ impl Fixture {
 
     /// A raw connection to the Redis server or the cluster, on those backends.
     pub fn raw_connection(&self) -> Option<RawConnection> {
-        match (&self.redis, &self.cluster) {
-            (Some((_, c)), _) => Some(RawConnection::Server(c.clone())),
-            (_, Some((_, c, _))) => Some(c.clone()),
+        match (&self.redis, &self.cluster, &self.sentinel) {
+            (Some((_, c)), _, _) => Some(RawConnection::Server(c.clone())),
+            (_, Some((_, c, _)), _) | (_, _, Some((_, c, _))) => Some(c.clone()),
             _ => None,
         }
     }
 
     /// A counter outside the lock library: a Redis key, or a value in this process.
     pub fn counter(&self, name: &str) -> Counter {
-        match (self.raw_connection(), &self.cluster) {
-            (Some(conn), Some((_, _, prefix))) => Counter::Redis { conn, key: format!("{prefix}test:counter:{name}") },
-            (Some(conn), None) => Counter::Redis { conn, key: format!("test:counter:{name}") },
-            (None, _) => Counter::Memory(Arc::new(Mutex::new(0))),
+        let prefix = self.cluster.as_ref().map(|c| &c.2).or(self.sentinel.as_ref().map(|s| &s.2));
+        match self.raw_connection() {
+            Some(conn) => Counter::Redis { conn, key: format!("{}test:counter:{name}", prefix.map_or("", |p| p)) },
+            None => Counter::Memory(Arc::new(Mutex::new(0))),
         }
     }
 
@@ -245,6 +269,21 @@ impl Counter {
         tokio::time::sleep(pause).await;
         self.set(v + 1).await;
     }
+}
+
+/// A key prefix no other fixture of this process uses.
+fn unique_prefix() -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!("t{}-{}:", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+async fn sentinel_client(group: &SentinelGroup, prefix: &str) -> Client {
+    Client::builder()
+        .redis_sentinel(group.sentinel_urls(), crate::sentinel::SERVICE)
+        .key_prefix(prefix)
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("client through the sentinels: {e}"))
 }
 
 async fn cluster_client(cluster: &RedisCluster, prefix: &str) -> Client {

@@ -13,6 +13,7 @@ mod fixture;
 pub mod logs;
 pub mod monitor;
 pub mod proxy;
+pub mod sentinel;
 mod server;
 pub mod soak;
 pub mod stall;
@@ -51,13 +52,15 @@ macro_rules! both_backends {
     };
 }
 
-/// As [`both_backends!`], and `with_cluster::NAME` on the test binary's shared Redis Cluster: for scenarios
+/// As [`both_backends!`], and `with_cluster::NAME` and `with_sentinel::NAME` on the test binary's shared Redis
+/// Cluster and Sentinel group: for scenarios
 /// written against the client's API alone (no server process to stop, no `MONITOR`).
 #[macro_export]
 macro_rules! all_backends {
     ($($name:ident),* $(,)?) => {
         $crate::both_backends!($($name),*);
         $crate::backend_tests!(with_cluster, cluster, $($name),*);
+        $crate::backend_tests!(with_sentinel, sentinel, $($name),*);
     };
 }
 

@@ -33,6 +33,9 @@ pub struct RedisServer {
     binary: PathBuf,
     /// Extra `redis-server` arguments, appended after the harness's own (so they can override them).
     extra_args: Vec<String>,
+    /// A config file's text, written to `<tempdir>/redis.conf` (once: Sentinel rewrites its own) and given
+    /// first on the command line.
+    config: Option<String>,
     port: u16,
     child: Option<Child>,
     // Declared last: removed after the process is gone.
@@ -89,12 +92,30 @@ impl RedisServer {
         replica
     }
 
+    /// Starts a Sentinel monitoring the primary on `primary_port` as `service` (quorum `quorum`), tuned for
+    /// tests: the primary counts as down after 1 s without answers.
+    pub fn sentinel(primary_port: u16, service: &str, quorum: u32) -> Self {
+        let binary =
+            std::env::var_os("REDIS_SERVER_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("redis-server"));
+        let config = format!(
+            "sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}\n\
+             sentinel down-after-milliseconds {service} 1000\n\
+             sentinel failover-timeout {service} 5000\n\
+             sentinel parallel-syncs {service} 1\n"
+        );
+        Self::start_with(binary, vec!["--sentinel".into()], Some(config))
+    }
+
     fn start(binary: PathBuf, extra_args: Vec<String>) -> Self {
+        Self::start_with(binary, extra_args, None)
+    }
+
+    fn start_with(binary: PathBuf, extra_args: Vec<String>, config: Option<String>) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("distlock-redis-")
             .tempdir()
             .unwrap_or_else(|e| panic!("cannot create a temporary directory for redis-server: {e}"));
-        let mut server = RedisServer { binary, extra_args, port: 0, child: None, dir };
+        let mut server = RedisServer { binary, extra_args, config, port: 0, child: None, dir };
         let mut last = String::new();
         for _ in 0..PORT_ATTEMPTS {
             server.port = free_port();
@@ -222,6 +243,13 @@ impl RedisServer {
             .map_err(|e| StartError::Failed(format!("cannot open output file: {e}")))?;
         let err = out.try_clone().map_err(|e| StartError::Failed(format!("cannot open output file: {e}")))?;
         let mut cmd = Command::new(&self.binary);
+        if let Some(text) = &self.config {
+            let path = self.dir.path().join("redis.conf");
+            if !path.exists() {
+                fs::write(&path, text).map_err(|e| StartError::Failed(format!("cannot write its config: {e}")))?;
+            }
+            cmd.arg(path);
+        }
         cmd.arg("--port")
             .arg(self.port.to_string())
             .args(["--bind", "127.0.0.1"])
@@ -372,4 +400,24 @@ fn tcp_process_id(port: u16) -> io::Result<u32> {
         .find_map(|l| l.strip_prefix("process_id:"))
         .and_then(|p| p.trim().parse().ok())
         .ok_or_else(|| io::Error::other("INFO server has no process_id"))
+}
+
+/// A shell that waits for this process to exit, then kills `nodes` and removes their directories (a server kept
+/// in a static is never dropped).
+pub(crate) fn reaper(nodes: &[&RedisServer]) -> Child {
+    let pids: Vec<String> = nodes.iter().filter_map(|n| n.pid()).map(|p| p.to_string()).collect();
+    let dirs: Vec<String> = nodes.iter().map(|n| format!("'{}'", n.dir().display())).collect();
+    let script = format!(
+        "while kill -0 {} 2>/dev/null; do sleep 0.5; done; kill -9 {} 2>/dev/null; sleep 0.2; rm -rf {}",
+        std::process::id(),
+        pids.join(" "),
+        dirs.join(" ")
+    );
+    Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start the servers' reaper: {e}"))
 }

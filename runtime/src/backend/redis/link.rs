@@ -1,55 +1,83 @@
-//! The connection the Redis backend sends its scripts on: one server's `ConnectionManager`, or a Redis
+//! The connection the Redis backend sends its scripts on: one server's `ConnectionManager`; a Redis
 //! Cluster's `ClusterConnection`, which routes each script call to the node of its first key (every key of
-//! one lock shares that key's hash slot, see [`LockKeys`](crate::backend::LockKeys)).
+//! one lock shares that key's hash slot, see [`LockKeys`](crate::backend::LockKeys)); or, behind Sentinel, a
+//! `ConnectionManager` to whichever server the sentinels name as the primary.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
-use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, RedisResult, ToRedisArgs, Value};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, ToRedisArgs, Value};
 use tokio::time::Instant;
 
-/// A command connection of either kind; cheap to clone (both are handles to one multiplexed connection).
+/// A command connection of any kind; cheap to clone (each is a handle to multiplexed connections).
 #[derive(Clone)]
 pub(super) enum Link {
     /// One server: a standalone Redis or a replicated primary.
     One(ConnectionManager),
-    /// A Redis Cluster: one connection per node, calls routed by key.
-    Cluster(Arc<ClusterLink>),
+    /// A Redis Cluster: one connection per node, calls routed by key; rebuilt when calls time out.
+    Cluster(Arc<Rebuilding<ClusterConnection>>),
+    /// The primary the sentinels name; rebuilt, after asking them again, when it fails or is demoted.
+    Sentinel(Arc<Rebuilding<ConnectionManager>>),
 }
 
-/// A cluster connection that is rebuilt when calls time out. The redis crate routes around a node that
-/// refuses or drops connections, but not around a hung one (a stopped process whose sockets stay open):
-/// every call to its slots times out, even after a replica took them over, because a timeout refreshes
-/// nothing. A new connection reads the slot map afresh.
-pub(super) struct ClusterLink {
-    client: ClusterClient,
-    current: RwLock<ClusterConnection>,
+/// Makes a new connection (a cluster's, or to the primary the sentinels name now).
+pub(super) type Connect<C> = Box<dyn Fn() -> Pin<Box<dyn Future<Output = RedisResult<C>> + Send>> + Send + Sync>;
+
+/// A connection that is replaced by a new one when a call fails in a way that says the old one points at
+/// the wrong server:
+/// - on a cluster, a timeout. The redis crate routes around a node that refuses or drops connections, but not
+///   around a hung one (a stopped process whose sockets stay open): every call to its slots times out, even
+///   after a replica took them over, because a timeout refreshes nothing. A new connection reads the slot map
+///   afresh.
+/// - behind Sentinel, any connection failure, timeout or `READONLY` (the server was demoted): the crate
+///   resolves the primary once and never follows a failover, so a new connection asks the sentinels again.
+pub(super) struct Rebuilding<C> {
+    current: RwLock<C>,
+    connect: Connect<C>,
+    /// Which failures call for a new connection.
+    stale: fn(&RedisError) -> bool,
     /// When the last rebuild started; one at a time, at most one per [`MIN_REBUILD_INTERVAL`].
     last_rebuild: tokio::sync::Mutex<Option<Instant>>,
     connect_timeout: Duration,
     /// Told after each rebuild (the subscriber resubscribes and makes its waiters retry).
     on_rebuilt: OnceLock<Box<dyn Fn() + Send + Sync>>,
-    /// The seeds, password redacted, for the log.
+    /// Where it connects, password redacted, for the log.
     server: String,
 }
 
-/// Rebuilds are spaced at least this far apart: a failover takes seconds, and each rebuild reconnects to
-/// every node.
+/// Rebuilds are spaced at least this far apart: a failover takes seconds, and each rebuild reconnects.
 const MIN_REBUILD_INTERVAL: Duration = Duration::from_millis(250);
 
-impl ClusterLink {
+/// On a cluster, only a timeout means a node the crate will not route around.
+pub(super) fn cluster_stale(e: &RedisError) -> bool {
+    e.is_timeout()
+}
+
+/// Behind Sentinel, the primary may have moved whenever it stops answering or refuses writes.
+pub(super) fn sentinel_stale(e: &RedisError) -> bool {
+    e.is_timeout()
+        || e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+}
+
+impl<C: Clone + Send + Sync + 'static> Rebuilding<C> {
     pub(super) fn new(
-        client: ClusterClient,
-        connection: ClusterConnection,
+        connection: C,
+        connect: Connect<C>,
+        stale: fn(&RedisError) -> bool,
         connect_timeout: Duration,
         server: String,
     ) -> Arc<Self> {
         Arc::new(Self {
-            client,
             current: RwLock::new(connection),
+            connect,
+            stale,
             last_rebuild: tokio::sync::Mutex::new(None),
             connect_timeout,
             on_rebuilt: OnceLock::new(),
@@ -62,13 +90,13 @@ impl ClusterLink {
         let _ = self.on_rebuilt.set(Box::new(f));
     }
 
-    fn connection(&self) -> ClusterConnection {
+    fn connection(&self) -> C {
         self.current.read().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// After a failed call: a timeout may mean a hung node, so rebuild in the background.
-    fn note(self: &Arc<Self>, result: &RedisResult<impl Sized>) {
-        if result.as_ref().is_err_and(redis::RedisError::is_timeout) {
+    /// After a call: if it failed in a way that says the connection is stale, rebuild in the background.
+    fn note<T>(self: &Arc<Self>, result: &RedisResult<T>) {
+        if result.as_ref().is_err_and(|e| (self.stale)(e)) {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(Arc::clone(self).rebuild());
             }
@@ -81,21 +109,34 @@ impl ClusterLink {
             return;
         }
         *last = Some(Instant::now());
-        match tokio::time::timeout(self.connect_timeout * 2, self.client.get_async_connection()).await {
+        match tokio::time::timeout(self.connect_timeout * 2, (self.connect)()).await {
             Ok(Ok(connection)) => {
                 *self.current.write().unwrap_or_else(PoisonError::into_inner) = connection;
-                tracing::warn!(server = %self.server, "distlock: cluster calls timed out; reconnected to the cluster and read its slots again");
+                tracing::warn!(server = %self.server, "distlock: calls failed; reconnected and looked up the servers again");
                 if let Some(f) = self.on_rebuilt.get() {
                     f();
                 }
             }
             Ok(Err(e)) => {
-                tracing::warn!(server = %self.server, error = %e, "distlock: cluster calls timed out and reconnecting failed; retrying on the next timeout")
+                tracing::warn!(server = %self.server, error = %e, "distlock: calls failed and reconnecting failed; trying again on the next failure")
             }
             Err(_) => {
-                tracing::warn!(server = %self.server, "distlock: cluster calls timed out and reconnecting timed out; retrying on the next timeout")
+                tracing::warn!(server = %self.server, "distlock: calls failed and reconnecting timed out; trying again on the next failure")
             }
         }
+    }
+
+    /// `call` on the current connection, noting its outcome.
+    fn run<'a, T: Send + 'a>(
+        self: &Arc<Self>,
+        call: impl FnOnce(C) -> Pin<Box<dyn Future<Output = RedisResult<T>> + Send + 'a>> + Send + 'a,
+    ) -> RedisFuture<'a, T> {
+        let this = Arc::clone(self);
+        Box::pin(async move {
+            let result = call(this.connection()).await;
+            this.note(&result);
+            result
+        })
     }
 }
 
@@ -104,12 +145,13 @@ impl Link {
         matches!(self, Link::Cluster(_))
     }
 
-    /// SUBSCRIBE; on a cluster, through the current connection, which moves the subscription with its
-    /// channel's slot (announcements are published cluster-wide, so any node hears them).
+    /// SUBSCRIBE on the connection (on a cluster, moved with its channel's slot; announcements are published
+    /// cluster-wide, so any node hears them).
     pub(super) async fn subscribe(&mut self, channels: impl ToRedisArgs + Send + Sync) -> RedisResult<()> {
         match self {
             Link::One(conn) => conn.subscribe(channels).await,
             Link::Cluster(link) => link.connection().subscribe(channels).await,
+            Link::Sentinel(link) => link.connection().subscribe(channels).await,
         }
     }
 
@@ -117,6 +159,7 @@ impl Link {
         match self {
             Link::One(conn) => conn.unsubscribe(channels).await,
             Link::Cluster(link) => link.connection().unsubscribe(channels).await,
+            Link::Sentinel(link) => link.connection().unsubscribe(channels).await,
         }
     }
 }
@@ -125,14 +168,8 @@ impl ConnectionLike for Link {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Link::One(conn) => conn.req_packed_command(cmd),
-            Link::Cluster(link) => {
-                let link = Arc::clone(link);
-                Box::pin(async move {
-                    let result = link.connection().req_packed_command(cmd).await;
-                    link.note(&result);
-                    result
-                })
-            }
+            Link::Cluster(link) => link.run(move |mut c| Box::pin(async move { c.req_packed_command(cmd).await })),
+            Link::Sentinel(link) => link.run(move |mut c| Box::pin(async move { c.req_packed_command(cmd).await })),
         }
     }
 
@@ -145,12 +182,10 @@ impl ConnectionLike for Link {
         match self {
             Link::One(conn) => conn.req_packed_commands(cmd, offset, count),
             Link::Cluster(link) => {
-                let link = Arc::clone(link);
-                Box::pin(async move {
-                    let result = link.connection().req_packed_commands(cmd, offset, count).await;
-                    link.note(&result);
-                    result
-                })
+                link.run(move |mut c| Box::pin(async move { c.req_packed_commands(cmd, offset, count).await }))
+            }
+            Link::Sentinel(link) => {
+                link.run(move |mut c| Box::pin(async move { c.req_packed_commands(cmd, offset, count).await }))
             }
         }
     }
@@ -159,6 +194,7 @@ impl ConnectionLike for Link {
         match self {
             Link::One(conn) => conn.get_db(),
             Link::Cluster(_) => 0,
+            Link::Sentinel(link) => link.connection().get_db(),
         }
     }
 }

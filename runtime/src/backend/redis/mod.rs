@@ -13,7 +13,7 @@ use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 use self::batch::{Coalescer, Op, Reply};
 use self::config_errors::{database_error, url_error};
-use self::link::{ClusterLink, Link};
+use self::link::{Link, Rebuilding};
 use self::scripts::{LuaScript, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY, WITHDRAW};
 use self::subscriber::Subscriber;
 
@@ -60,7 +60,7 @@ pub(crate) struct Timeouts {
 /// Where acquires and releases go: on one server, through the coalescer (concurrent ones share a script call);
 /// on a cluster, each in its own call (a call's keys must share one slot, and concurrent operations rarely do).
 enum Hot {
-    Coalesced(std::sync::Arc<Coalescer>),
+    Coalesced(std::sync::Arc<Coalescer<Link>>),
     Direct(Link),
 }
 
@@ -133,8 +133,9 @@ impl RedisBackend {
         debug_assert_eq!(pong, "PONG");
         let resp3 = info.clone().set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
         let subscriber = Subscriber::new(resp3, timeouts);
+        let commands = Link::One(commands);
         let hot = Hot::Coalesced(Coalescer::new(commands.clone()));
-        let backend = Self { server, commands: Link::One(commands), hot, subscriber, replicas: settings.replicas };
+        let backend = Self { server, commands, hot, subscriber, replicas: settings.replicas };
         backend.probe(settings.prefix).await?;
         Ok(backend)
     }
@@ -176,11 +177,74 @@ impl RedisBackend {
             .await
             .map_err(|_| BackendError::new(&server, None, timeout_error("connect")))?
             .map_err(|e| BackendError::new(&server, None, e))?;
-        let link = ClusterLink::new(client, conn, timeouts.connect, server.clone());
+        let connect: link::Connect<redis::cluster_async::ClusterConnection> = Box::new(move || {
+            let client = client.clone();
+            Box::pin(async move { client.get_async_connection().await })
+        });
+        let link = Rebuilding::new(conn, connect, link::cluster_stale, timeouts.connect, server.clone());
         link.on_rebuilt(subscriber.after_reconnect());
         let link = Link::Cluster(link);
         subscriber.use_connection(link.clone());
         let backend = Self { server, commands: link.clone(), hot: Hot::Direct(link), subscriber, replicas: None };
+        backend.probe(settings.prefix).await?;
+        Ok(backend)
+    }
+
+    /// Connects to the primary that the sentinels at `sentinels` name for `service`, and follows it: when it
+    /// fails, times out or refuses writes (demoted), the client asks the sentinels again and reconnects, its
+    /// waiters retry and its subscriptions are restored. One RESP3 connection carries the scripts and the
+    /// subscriptions.
+    pub(crate) async fn connect_sentinel(
+        sentinels: &[String],
+        service: &str,
+        settings: ConnectSettings<'_>,
+    ) -> Result<Self, LockError> {
+        use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+        let timeouts = settings.timeouts;
+        let listed = sentinels.iter().map(|s| redact_url(s)).collect::<Vec<_>>().join(", ");
+        let server = format!("service `{service}` via sentinels {listed}");
+        if sentinels.is_empty() {
+            return Err(LockError::InvalidConfig("redis_sentinel needs at least one sentinel URL".into()));
+        }
+        let mut infos = Vec::with_capacity(sentinels.len());
+        for url in sentinels {
+            refuse_unchecked_tls(url, &settings)?;
+            infos.push(url.as_str().into_connection_info().map_err(|e| url_error(&redact_url(url), &e))?);
+        }
+        // The primary is spoken to in RESP3, so the one connection also receives the release announcements.
+        let node = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(redis::RedisConnectionInfo::default().set_protocol(ProtocolVersion::RESP3));
+        // An owned name: what `build` takes without the redis crate's TLS feature (with it, any `AsRef<str>`).
+        let name = String::from(service);
+        let sentinel = SentinelClient::build(infos, name, Some(node), SentinelServerType::Master)
+            .map_err(|e| url_error(&server, &e))?;
+        let sentinel = std::sync::Arc::new(tokio::sync::Mutex::new(sentinel));
+        let subscriber = Subscriber::given(timeouts);
+        let config = manager_config(timeouts).set_push_sender(subscriber.push_handler()).set_automatic_resubscription();
+        let connect: link::Connect<ConnectionManager> = Box::new(move || {
+            let (sentinel, config) = (sentinel.clone(), config.clone());
+            Box::pin(async move {
+                let primary = sentinel.lock().await.async_get_client().await?;
+                ConnectionManager::new_with_config(primary, config).await
+            })
+        });
+        let conn = match tokio::time::timeout(timeouts.connect * 2, connect()).await {
+            Err(_) => return Err(BackendError::new(&server, None, timeout_error("connect")).into()),
+            Ok(Err(e)) if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel => {
+                return Err(LockError::InvalidConfig(format!(
+                    "the sentinels {listed} know no service named `{service}`: check the name \
+                     (`SENTINEL MASTERS` on a sentinel lists the services it monitors)"
+                )))
+            }
+            Ok(Err(e)) => return Err(BackendError::new(&server, None, e).into()),
+            Ok(Ok(conn)) => conn,
+        };
+        let link = Rebuilding::new(conn, connect, link::sentinel_stale, timeouts.connect, server.clone());
+        link.on_rebuilt(subscriber.after_reconnect());
+        let link = Link::Sentinel(link);
+        subscriber.use_connection(link.clone());
+        let hot = Hot::Coalesced(Coalescer::new(link.clone()));
+        let backend = Self { server, commands: link, hot, subscriber, replicas: settings.replicas };
         backend.probe(settings.prefix).await?;
         Ok(backend)
     }

@@ -1,0 +1,94 @@
+//! Failover behind Redis Sentinel (a primary, two replicas, three sentinels, `down-after-milliseconds 1000`):
+//! the primary is killed (SIGKILL) while a lock is held with replica acknowledgement and waited for. The
+//! client follows the sentinels to the promoted replica: calls work again soon after the switch, the waiter
+//! is served with a higher fencing token, and never while the holder's guard is valid.
+
+use std::time::Duration;
+
+use distlock::Client;
+use distlock_tests::eventually;
+use distlock_tests::sentinel::{SentinelGroup, SERVICE};
+use tokio::time::Instant;
+
+async fn client(group: &SentinelGroup) -> Client {
+    Client::builder()
+        .redis_sentinel(group.sentinel_urls(), SERVICE)
+        .wait_for_replicas(1, Duration::from_millis(200))
+        .response_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .expect("client through the sentinels")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_is_followed_to_the_promoted_replica() {
+    // Two replicas: the promoted one still has a replica to acknowledge grants.
+    let mut group = SentinelGroup::start(2).await;
+    let holder_client = client(&group).await;
+    let waiter_client = client(&group).await;
+    let key = "sentinel:held";
+    let holder = holder_client.lock(key).ttl(Duration::from_secs(3)).acquire().await.expect("holder");
+    let waiter = tokio::spawn({
+        let client = waiter_client.clone();
+        async move {
+            let guard = client.lock(key).ttl(Duration::from_secs(10)).wait(Duration::from_secs(30)).acquire().await;
+            (guard, Instant::now())
+        }
+    });
+    eventually(Duration::from_secs(5), "the waiter queued", || async {
+        holder_client.lock_info(key).await.ok().flatten().is_some_and(|info| info.waiting == 1)
+    })
+    .await;
+
+    let old = group.primary_port().await.expect("a primary");
+    group.servers.iter_mut().find(|s| s.port() == old).expect("the primary").kill();
+    let killed_at = Instant::now();
+    eventually(Duration::from_secs(20), "the sentinels switched the primary", || async {
+        group.primary_port().await.is_some_and(|port| port != old)
+    })
+    .await;
+    let switched_at = Instant::now();
+    eprintln!("primary switched {:?} after the kill", switched_at - killed_at);
+
+    // Calls work again through the same client: a lock on another key.
+    let works_again = loop {
+        match holder_client.lock("sentinel:other").try_acquire().await {
+            Ok(Some(guard)) => {
+                let _ = guard.release().await;
+                break Instant::now();
+            }
+            Ok(None) => panic!("nobody holds sentinel:other"),
+            Err(e) => {
+                assert!(switched_at.elapsed() < Duration::from_secs(5), "calls still fail 5 s after the switch: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let recovered = works_again.saturating_duration_since(switched_at);
+    eprintln!("calls work again {recovered:?} after the switch");
+    assert!(recovered < Duration::from_secs(2), "calls worked again only {recovered:?} after the switch");
+
+    let holder_fence = holder.fencing_token();
+    let released_at = Instant::now();
+    let was_valid = !holder.is_lost();
+    let outcome = holder.release().await;
+    let (guard, got_at) = tokio::time::timeout(Duration::from_secs(30), waiter).await.expect("waiter").expect("task");
+    let guard = guard.expect("the waiter got the lock after the failover");
+    assert!(guard.fencing_token() > holder_fence, "fencing went back across the failover");
+    assert!(got_at >= released_at || !was_valid, "the waiter held the lock while the holder's guard was valid");
+    let waited = got_at.saturating_duration_since(released_at);
+    eprintln!("holder's release {outcome:?}; waiter served {waited:?} after it");
+    assert!(waited < Duration::from_secs(4), "the waiter was served {waited:?} after the release ({outcome:?})");
+    assert!(guard.release().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_service_name_is_a_clear_error() {
+    let group = SentinelGroup::shared().await;
+    match Client::builder().redis_sentinel(group.sentinel_urls(), "no-such-service").build().await {
+        Err(distlock::LockError::InvalidConfig(message)) => {
+            assert!(message.contains("no-such-service") && message.contains("SENTINEL MASTERS"), "{message}")
+        }
+        other => panic!("an unknown service was accepted: {other:?}"),
+    }
+}
