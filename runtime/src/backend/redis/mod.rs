@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::io::tcp::TcpSettings;
 use redis::{Cmd, FromRedisValue, IntoConnectionInfo, ProtocolVersion, Value};
 
 use super::{Attempt, Capabilities, Fencing, Hold, LockKeys, Queueing, ReleaseWatch, Renewal, Store, WakeUps};
@@ -18,6 +19,7 @@ use self::subscriber::Subscriber;
 mod batch;
 mod scripts;
 mod subscriber;
+mod window;
 
 /// The first value of an acquire script's reply (scripts.rs, `acquire`); any other is an error.
 const GRANTED: i64 = 1;
@@ -88,9 +90,7 @@ impl RedisBackend {
                  Remove `#insecure`, or opt in with ClientBuilder::allow_insecure_tls(true)"
             )));
         }
-        let info = url
-            .into_connection_info()
-            .map_err(|e| LockError::InvalidConfig(format!("cannot use Redis URL {server}: {e}")))?;
+        let info = connection_info(url, &server)?;
         let client = redis::Client::open(info.clone()).map_err(|e| BackendError::new(&server, None, e))?;
         let connect = ConnectionManager::new_with_config(client, manager_config(timeouts));
         let mut commands = tokio::time::timeout(timeouts.connect * 2, connect)
@@ -424,6 +424,17 @@ async fn send_script<T: FromRedisValue>(
     reply
 }
 
+/// The connection settings for `url` (`server` is its redacted form, for the error).
+fn connection_info(url: &str, server: &str) -> Result<redis::ConnectionInfo, LockError> {
+    let info = url
+        .into_connection_info()
+        .map_err(|e| LockError::InvalidConfig(format!("cannot use Redis URL {server}: {e}")))?;
+    // Nagle's algorithm holds a small write back while an earlier one is unacknowledged: with several calls in
+    // flight on one connection, a request would wait for an earlier reply (a round trip) or the server's delayed
+    // ACK. Redis sends its replies with TCP_NODELAY; both of our connections send with it too.
+    Ok(info.set_tcp_settings(TcpSettings::default().set_nodelay(true)))
+}
+
 fn is_noscript(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
@@ -447,4 +458,14 @@ fn millis(d: Duration) -> u64 {
 
 fn timeout_error(what: &'static str) -> redis::RedisError {
     redis::RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, what))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn connections_are_made_with_nagle_off() {
+        let info = super::connection_info("redis://127.0.0.1:6390/", "redis://127.0.0.1:6390/").unwrap();
+        assert!(info.tcp_settings().nodelay());
+        assert!(super::connection_info("not a url", "not a url").is_err());
+    }
 }
