@@ -2,12 +2,14 @@
 //! manner of TCP Vegas.
 //!
 //! Each call's round trip is compared with the shortest one seen lately (`base`: the network plus Redis's time
-//! for a call that waited for nothing). `in flight × (1 − base ÷ round trip)` estimates how many calls are
-//! waiting in a queue — in Redis, or for the client's CPU — rather than travelling. While fewer than
-//! [`QUEUED_LOW`] wait, the round trip is the network's: one more call in flight saves a queued operation its
-//! wait for a slot and costs Redis nothing it cannot absorb, so the window grows by about one call per round
-//! trip. Beyond [`QUEUED_HIGH`], Redis (or the client) is the bottleneck, and fewer, larger calls cost it less
-//! per operation: the window shrinks by about one call per round trip, down to [`MIN`].
+//! for a call that waited for nothing); the difference is time spent queueing — in Redis, or for the client's
+//! CPU. While it stays under [`QUEUEING_LOW`] of the base, the round trip is the network's: one more call in
+//! flight saves a queued operation its wait for a slot and costs Redis nothing it cannot absorb, so the
+//! window grows by about one call per round trip. Beyond [`QUEUEING_HIGH`], Redis (or the client) is the
+//! bottleneck, and fewer, larger calls cost it less per operation: the window shrinks by about one call per
+//! round trip, down to [`MIN`]. (Vegas counts queued calls, `in flight × queueing ÷ round trip`; with a wide
+//! window that count grows with the round trip's jitter alone, and the window stopped at about 7 calls a 1 ms
+//! hop away on a loaded machine.)
 //!
 //! On loopback a call's round trip is mostly Redis's time, so the window stays near [`MIN`]..[`INITIAL`] and
 //! operations share calls; a network hop away it opens until every operation goes out at once.
@@ -22,10 +24,10 @@ pub(super) const MIN: usize = 2;
 pub(super) const INITIAL: usize = 3;
 /// Calls in flight at most, whatever the round trip.
 pub(super) const MAX: usize = 256;
-/// Below this many calls' worth of queueing, the window grows.
-const QUEUED_LOW: f64 = 1.0;
-/// Above this many, it shrinks.
-const QUEUED_HIGH: f64 = 2.0;
+/// Below this much queueing, as a fraction of the base round trip, the window grows.
+const QUEUEING_LOW: f64 = 0.25;
+/// Above this much, it shrinks.
+const QUEUEING_HIGH: f64 = 0.5;
 /// How often, in shortest round trips, the window drops to [`MIN`] for about a round trip to measure the
 /// shortest round trip afresh (as BBR's ProbeRTT does): a queue that never drains would otherwise pass for
 /// the network, and a network that became slower would pass for a queue. It costs about 1% of throughput.
@@ -96,16 +98,23 @@ impl Window {
         match self.next_probe {
             None => self.next_probe = Some(now + base * PROBE_EVERY),
             Some(at) if now >= at => {
+                tracing::debug!(
+                    window = self.size,
+                    ?base,
+                    ?round_trip,
+                    in_flight,
+                    "distlock: call window probes its base"
+                );
                 self.shortest_before = self.shortest_now.take();
                 self.probe = Some(Probe { resume: self.size, drained: 0 });
                 return;
             }
             Some(_) => {}
         }
-        let queued = in_flight as f64 * (1.0 - base.as_secs_f64() / round_trip.as_secs_f64());
-        if queued < QUEUED_LOW && window_bound {
+        let queueing = round_trip.saturating_sub(base).as_secs_f64() / base.as_secs_f64();
+        if queueing < QUEUEING_LOW && window_bound {
             self.size = (self.size + 1.0 / self.size).min(MAX as f64);
-        } else if queued > QUEUED_HIGH {
+        } else if queueing > QUEUEING_HIGH {
             self.size = (self.size - 1.0 / self.size).max(MIN as f64);
         }
     }
