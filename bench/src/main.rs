@@ -7,6 +7,8 @@
 //! cargo run --release -p distlock-bench -- --quick            # smoke run, under 30 s
 //! cargo run --release -p distlock-bench -- --rounds 7         # more rounds for scenarios 1–3
 //! cargo run --release -p distlock-bench -- --only 2 --variants raw,api   # one scenario, some contenders
+//! cargo run --release -p distlock-bench -- --rtt 0,0.25,0.5,1 --only 1,2,2u,3   # a network hop away
+//! cargo run --release -p distlock-bench -- --rtt 0.25,0.5,1 --proxy-check       # what the hop costs
 //! ```
 //!
 //! It starts a private `redis-server` (`$REDIS_SERVER_BIN`, else `redis-server` on `PATH`) on a free loopback
@@ -25,21 +27,29 @@
 //! 1. one task, distinct keys: cycles/s, p50, p99 — distlock's `acquire`+`release`, `run` and the
 //!    `#[distributed_lock]` macro separately;
 //! 2. 64 tasks, distinct keys: the same, plus client and server CPU per cycle and allocations per cycle;
+//!    2u. the same unpinned: redis-server and a 2-worker client share both CPUs, as on a small host;
 //! 3. 16 tasks, one key, hold ~1 ms, 5 ms pause after release: acquisitions/s, hand-off gap p50/p99,
 //!    acquisitions per task (fairness);
 //! 4. 1k, 10k, 100k locks held at once, ttl 30 s: renewal commands/s, client CPU, memory per held lock;
 //! 5. wake-up of a waiter whose backoff is 5 s, after the holder's release, against the round-trip time.
+//!
+//! `--rtt MS,...` runs the scenarios once per added round trip: for each non-zero one, every contender
+//! (the timed children included) reaches redis-server through the benchmark's own delay proxy
+//! (`proxy.rs`), each way half the round trip; 0 is loopback without the proxy. Scenarios 4 and 5 run in the
+//! first pass only. A summary table then gives each scenario's ratios to the raw floor per round trip.
 
 #[allow(unsafe_code)]
 mod alloc;
 mod contention;
 mod held;
 mod measure;
+mod proxy;
 mod report;
 mod systems;
 mod uncontended;
 mod wakeup;
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,6 +57,7 @@ use std::time::{Duration, Instant};
 use distlock_tests::RedisServer;
 
 use crate::contention::Waiter;
+use crate::proxy::DelayProxy;
 use crate::systems::{Raw, Systems, Variant};
 
 #[global_allocator]
@@ -67,8 +78,14 @@ pub struct Config {
     pub rslock_wake_trials: usize,
     pub variants: Vec<Variant>,
     pub scenarios: Vec<u8>,
+    /// Scenario 2u (64 tasks, unpinned, 2 workers).
+    pub unpinned_many: bool,
     /// Pin redis-server and the benchmark to different CPUs.
     pub pin: bool,
+    /// Added round trips in ms, one pass each (0: loopback, no proxy).
+    pub rtts: Vec<f64>,
+    /// Only measure round trips through the proxy at each `rtts`, and exit.
+    pub proxy_check: bool,
 }
 
 impl Config {
@@ -88,7 +105,10 @@ impl Config {
                 rslock_wake_trials: 5,
                 variants: all,
                 scenarios: vec![1, 2, 3, 4, 5],
+                unpinned_many: true,
                 pin: true,
+                rtts: vec![0.0],
+                proxy_check: false,
             }
         } else {
             Self {
@@ -104,7 +124,10 @@ impl Config {
                 rslock_wake_trials: 10,
                 variants: all,
                 scenarios: vec![1, 2, 3, 4, 5],
+                unpinned_many: true,
                 pin: true,
+                rtts: vec![0.0],
+                proxy_check: false,
             }
         }
     }
@@ -120,13 +143,18 @@ impl Config {
 }
 
 const USAGE: &str =
-    "usage: distlock-bench [--quick] [--rounds N] [--only 1,2,3,4,5] [--variants raw,api,run,macro,rslock] [--no-pin]
-  --quick       short smoke run (under 30 s): 2 rounds, short windows, 1k/10k held locks with ttl 3 s
-  --rounds N    rounds for scenarios 1-3 (default 5; 2 with --quick)
-  --only LIST   run only these scenarios
-  --variants L  contenders for scenarios 1-2 (raw, api, run, macro, rslock); scenario 3 runs raw, distlock
-                (if api/run/macro is listed) and rslock (if listed)
-  --no-pin      do not pin redis-server and the benchmark to different CPUs";
+    "usage: distlock-bench [--quick] [--rounds N] [--only 1,2,2u,3,4,5] [--variants raw,api,run,macro,rslock]
+                      [--no-pin] [--rtt MS[,MS...]] [--proxy-check]
+  --quick        short smoke run (under 30 s): 2 rounds, short windows, 1k/10k held locks with ttl 3 s
+  --rounds N     rounds for scenarios 1-3 (default 5; 2 with --quick)
+  --only LIST    run only these scenarios (2u: scenario 2 unpinned, client on a 2-worker runtime)
+  --variants L   contenders for scenarios 1-2 (raw, api, run, macro, rslock); scenario 3 runs raw, distlock
+                 (if api/run/macro is listed) and rslock (if listed)
+  --no-pin       do not pin redis-server and the benchmark to different CPUs
+  --rtt LIST     added round trips in ms (e.g. 0,0.25,0.5,1; 0 = loopback): one pass each, every contender
+                 through the benchmark's delay proxy (half the round trip each way); scenarios 4 and 5 run in
+                 the first pass only; a summary table compares the passes
+  --proxy-check  measure PING round trips through the proxy at each --rtt (and the hop alone), then exit";
 
 fn parse_args() -> Result<Config, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -144,12 +172,26 @@ fn parse_args() -> Result<Config, String> {
                 }
             }
             "--only" => {
-                config.scenarios = value("--only")?
+                let list = value("--only")?;
+                config.unpinned_many = list.split(',').any(|s| s.trim() == "2u");
+                config.scenarios = list
                     .split(',')
+                    .filter(|s| s.trim() != "2u")
                     .map(|s| s.trim().parse::<u8>().ok().filter(|n| (1..=5).contains(n)))
                     .collect::<Option<_>>()
-                    .ok_or("--only takes scenario numbers 1-5")?;
+                    .ok_or("--only takes scenario numbers 1-5 and 2u")?;
             }
+            "--rtt" => {
+                config.rtts = value("--rtt")?
+                    .split(',')
+                    .map(|s| s.trim().parse::<f64>().ok().filter(|ms| (0.0..=100.0).contains(ms)))
+                    .collect::<Option<_>>()
+                    .ok_or("--rtt takes round trips in ms, 0 to 100, e.g. 0,0.25,0.5,1")?;
+                if config.rtts.is_empty() {
+                    return Err("--rtt needs at least one round trip".into());
+                }
+            }
+            "--proxy-check" => config.proxy_check = true,
             "--variants" => {
                 config.variants = value("--variants")?
                     .split(',')
@@ -186,11 +228,13 @@ fn main() -> ExitCode {
     }
     let machine_before = report::Machine::read();
     let server = RedisServer::new();
+    let upstream = SocketAddr::from((Ipv4Addr::LOCALHOST, server.port()));
     eprintln!("redis-server pid {:?} on {}", server.pid(), server.url());
-    let pinning = if config.pin { pin(&server) } else { None };
+    let cores = machine_cores();
+    let pinning = if config.pin { pin(&server, cores) } else { None };
     // One worker per CPU the benchmark may use.
     let workers = match &pinning {
-        Some((_, client_cpus)) => *client_cpus,
+        Some(p) => p.client_cpus,
         None => std::thread::available_parallelism().map_or(1, usize::from),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -198,52 +242,122 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
+    if config.proxy_check {
+        let (rtts, url) = (config.rtts.clone(), server.url());
+        runtime.block_on(async move { tokio::spawn(proxy_check(rtts, url, upstream, cores)).await }).expect("check");
+        return ExitCode::SUCCESS;
+    }
     let started = Instant::now();
-    // The whole benchmark runs in a spawned task, on the runtime's workers like every task it measures:
-    // `block_on`'s own thread is not a worker, and a future polled there pays a cross-thread wake-up per
-    // reply.
-    let (run_config, url, pid) = (config.clone(), server.url(), server.pid().expect("server running"));
-    let results = runtime
-        .block_on(async move { tokio::spawn(async move { run(&run_config, url, pid).await }).await })
-        .expect("the benchmark panicked");
+    let pid = server.pid().expect("server running");
+    let mut passes = Vec::new();
+    for (i, &rtt_ms) in config.rtts.iter().enumerate() {
+        let proxy = (rtt_ms > 0.0).then(|| {
+            let one_way = Duration::from_secs_f64(rtt_ms / 2000.0);
+            DelayProxy::start(upstream, one_way, cores).expect("start the delay proxy")
+        });
+        let url = proxy.as_ref().map_or_else(|| server.url(), DelayProxy::url);
+        if config.rtts.len() > 1 || rtt_ms > 0.0 {
+            eprintln!("== added round trip {rtt_ms} ms ({url})");
+        }
+        let mut pass_config = config.clone();
+        if i > 0 {
+            pass_config.scenarios.retain(|&n| n <= 3);
+        }
+        let server_cpus = pinning.as_ref().map(|p| p.server_cpus.clone());
+        // The whole pass runs in a spawned task, on the runtime's workers like every task it measures:
+        // `block_on`'s own thread is not a worker, and a future polled there pays a cross-thread wake-up per
+        // reply.
+        let results = runtime
+            .block_on(async move {
+                tokio::spawn(async move { run(&pass_config, url, pid, server_cpus.as_deref(), cores).await }).await
+            })
+            .expect("the benchmark panicked");
+        passes.push(report::Pass { rtt_ms, results, proxy: proxy.map(|p| p.stats()) });
+    }
     let elapsed = started.elapsed();
     let mut machine = machine_before;
     machine.finish();
-    machine.pinning = pinning.map(|(what, _)| what);
+    machine.pinning = pinning.map(|p| p.what);
     machine.workers = workers;
-    report::print(&config, &machine, &results, elapsed);
+    report::print(&config, &machine, &passes, elapsed);
     ExitCode::SUCCESS
+}
+
+/// How the benchmark placed itself and redis-server.
+struct Pinning {
+    what: String,
+    /// CPUs left to the benchmark.
+    client_cpus: usize,
+    /// The CPU list redis-server is pinned to (for `taskset`).
+    server_cpus: String,
+}
+
+fn taskset(cpus: &str, pid: u32) -> bool {
+    std::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", cpus, &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Every CPU of the machine, as a `taskset` list.
+fn all_cpus(cores: usize) -> String {
+    format!("0-{}", cores.saturating_sub(1))
 }
 
 /// Pins redis-server (all its threads) to the last CPU and this process to the others, with `taskset`, so
 /// that client and server never share a CPU and every reply crosses between the same two CPUs — as with a
 /// server on another machine. Without it, the scheduler moves them between two regimes (same CPU: a round trip
 /// is two context switches, ~10 µs here; different CPUs: an idle-CPU wake-up each way, ~60 µs in this VM)
-/// in the middle of a run. Returns a description and the number of CPUs left to the benchmark, or `None` when
-/// it could not pin.
-fn pin(server: &RedisServer) -> Option<(String, usize)> {
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+/// in the middle of a run. Returns `None` when it could not pin.
+fn pin(server: &RedisServer, cores: usize) -> Option<Pinning> {
     if cores < 2 {
         return None;
     }
-    let server_cpu = (cores - 1).to_string();
+    let server_cpus = (cores - 1).to_string();
     let client_cpus = if cores == 2 { "0".to_owned() } else { format!("0-{}", cores - 2) };
-    let taskset = |cpus: &str, pid: u32| {
-        std::process::Command::new("taskset")
-            .args(["-a", "-p", "-c", cpus, &pid.to_string()])
-            .stdout(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
     let server_pid = server.pid()?;
-    if taskset(&server_cpu, server_pid) && taskset(&client_cpus, std::process::id()) {
-        let what = format!("redis-server pinned to CPU {server_cpu}, the benchmark to CPU {client_cpus} (taskset)");
-        Some((what, cores - 1))
+    if taskset(&server_cpus, server_pid) && taskset(&client_cpus, std::process::id()) {
+        let what = format!("redis-server pinned to CPU {server_cpus}, the benchmark to CPU {client_cpus} (taskset)");
+        Some(Pinning { what, client_cpus: cores - 1, server_cpus })
     } else {
         eprintln!(
             "warning: could not pin with taskset; client and server float between the CPUs (pass --no-pin to silence)"
         );
         None
+    }
+}
+
+/// `--proxy-check`: PING round trips straight to redis-server and through the proxy at each added round
+/// trip (0: the proxy hop alone), printed as a table.
+async fn proxy_check(rtts: Vec<f64>, url: String, upstream: SocketAddr, cores: usize) {
+    const PINGS: usize = 2000;
+    let pings = |url: String| async move {
+        let mut conn = systems::client(&url).expect("url").get_multiplexed_async_connection().await.expect("connect");
+        wakeup::pings(&mut conn, PINGS, Duration::ZERO).await
+    };
+    let direct = pings(url).await;
+    let direct50 = measure::percentile_us(&direct, 50.0);
+    println!("PING round trips, {PINGS} each, one at a time, Nagle off; the proxy's threads may use {cores} CPU(s).\n");
+    println!("| added round trip asked | PING p50 µs | p99 µs | added p50 µs (vs loopback) | chunks released late p50 / p99 µs |");
+    println!("|---:|---:|---:|---:|---:|");
+    println!("| none (loopback) | {:.1} | {:.1} | – | – |", direct50, measure::percentile_us(&direct, 99.0));
+    let mut asked: Vec<f64> = std::iter::once(0.0).chain(rtts.into_iter().filter(|&r| r > 0.0)).collect();
+    asked.dedup();
+    for rtt_ms in asked {
+        let hop = DelayProxy::start(upstream, Duration::from_secs_f64(rtt_ms / 2000.0), cores).expect("proxy");
+        let through = pings(hop.url()).await;
+        let stats = hop.stats();
+        let p50 = measure::percentile_us(&through, 50.0);
+        println!(
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} / {:.1} |",
+            if rtt_ms == 0.0 { "0 ms (the proxy hop alone)".to_owned() } else { format!("{rtt_ms} ms") },
+            p50,
+            measure::percentile_us(&through, 99.0),
+            p50 - direct50,
+            measure::percentile_us(&stats.lateness, 50.0),
+            measure::percentile_us(&stats.lateness, 99.0),
+        );
     }
 }
 
@@ -258,19 +372,21 @@ pub struct Results {
     pub contention: Option<contention::Scenario>,
     pub held: Vec<held::Row>,
     pub wake: Vec<wakeup::WakeResult>,
+    /// Scenario 2u.
+    pub many_tasks_unpinned: Option<uncontended::Scenario>,
 }
 
 /// The three contenders, connected to `url`.
 pub async fn connect(url: &str) -> Systems {
     let raw = Raw::connect(url).await.expect("raw connection");
     let client = distlock::Client::builder().redis(url).build().await.expect("distlock client");
-    let rslock = rslock::LockManager::new(vec![url.to_owned()]);
+    let rslock = systems::rslock(url);
     Systems { raw, distlock: client, rslock }
 }
 
 /// A separate connection for INFO and PUBSUB queries.
 pub async fn info_connection(url: &str) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url).expect("server url").get_multiplexed_async_connection().await.expect("INFO connection")
+    systems::client(url).expect("server url").get_multiplexed_async_connection().await.expect("INFO connection")
 }
 
 /// How many CPUs this process may run on (its affinity mask, from /proc/self/status).
@@ -278,21 +394,32 @@ pub fn allowed_cpus() -> usize {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:").map(|v| v.trim().to_owned())))
-        .map(|list| {
-            list.split(',')
-                .map(|part| match part.split_once('-') {
-                    Some((a, b)) => b.parse::<usize>().unwrap_or(0).saturating_sub(a.parse().unwrap_or(0)) + 1,
-                    None => 1,
-                })
-                .sum::<usize>()
-        })
-        .filter(|&n| n > 0)
-        .unwrap_or(1)
+        .map_or(1, |list| count_cpus(&list))
 }
 
-async fn run(config: &Config, url: String, server_pid: u32) -> Results {
+/// How many CPUs the machine has online, whatever this process is pinned to.
+pub fn machine_cores() -> usize {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .map_or_else(|_| std::thread::available_parallelism().map_or(1, usize::from), |list| count_cpus(list.trim()))
+}
+
+/// The number of CPUs in a kernel CPU list such as `0-3,6`.
+fn count_cpus(list: &str) -> usize {
+    let n = list
+        .split(',')
+        .map(|part| match part.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap_or(0).saturating_sub(a.parse().unwrap_or(0)) + 1,
+            None => 1,
+        })
+        .sum::<usize>();
+    n.max(1)
+}
+
+/// One pass of the scenarios against `url`. `server_cpus`: what redis-server is pinned to, if it is (scenario
+/// 2u unpins it for its windows).
+async fn run(config: &Config, url: String, server_pid: u32, server_cpus: Option<&str>, cores: usize) -> Results {
+    // The macro's cycles run in child processes, which install their own client.
     let sys = Arc::new(connect(&url).await);
-    distlock::install(sys.distlock.clone()).expect("install the client for the macro");
     let mut info = info_connection(&url).await;
     let mut results =
         Results { rtt: wakeup::round_trips(&sys, if config.quick { 500 } else { 2000 }).await, ..Results::default() };
@@ -300,12 +427,12 @@ async fn run(config: &Config, url: String, server_pid: u32) -> Results {
 
     let wanted = |n: u8| config.scenarios.contains(&n);
     let (mut allocs_one, mut allocs_many) = Default::default();
-    if wanted(1) || wanted(2) {
+    if wanted(1) || wanted(2) || config.unpinned_many {
         eprintln!("allocations per cycle (before anything is timed)");
         if wanted(1) {
             allocs_one = uncontended::count_allocations(&url, server_pid, &config.variants, 1, 2_000).await;
         }
-        if wanted(2) {
+        if wanted(2) || config.unpinned_many {
             allocs_many =
                 uncontended::count_allocations(&url, server_pid, &config.variants, config.many_tasks, 50).await;
         }
@@ -317,7 +444,7 @@ async fn run(config: &Config, url: String, server_pid: u32) -> Results {
                 &url,
                 server_pid,
                 &config.variants,
-                uncontended::Shape { tasks: 1, window: config.one_task_window, rounds: config.rounds },
+                uncontended::Shape { tasks: 1, window: config.one_task_window, rounds: config.rounds, unpinned: false },
                 &allocs_one,
             )
             .await,
@@ -334,11 +461,35 @@ async fn run(config: &Config, url: String, server_pid: u32) -> Results {
                     tasks: config.many_tasks,
                     window: config.many_tasks_window,
                     rounds: config.rounds,
+                    unpinned: false,
                 },
                 &allocs_many,
             )
             .await,
         );
+    }
+    if config.unpinned_many {
+        eprintln!(
+            "scenario 2u: {} tasks, distinct keys, unpinned ({} workers; redis-server on every CPU too)",
+            config.many_tasks,
+            uncontended::UNPINNED_WORKERS
+        );
+        if server_cpus.is_some() && !taskset(&all_cpus(cores), server_pid) {
+            eprintln!("  warning: could not unpin redis-server");
+        }
+        let shape = uncontended::Shape {
+            tasks: config.many_tasks,
+            window: config.many_tasks_window,
+            rounds: config.rounds,
+            unpinned: true,
+        };
+        results.many_tasks_unpinned =
+            Some(uncontended::run(&url, server_pid, &config.variants, shape, &allocs_many).await);
+        if let Some(cpus) = server_cpus {
+            if !taskset(cpus, server_pid) {
+                eprintln!("  warning: could not pin redis-server back to CPU {cpus}");
+            }
+        }
     }
     if wanted(3) {
         eprintln!("scenario 3: {} tasks, one key", contention::TASKS);
@@ -382,7 +533,7 @@ async fn run(config: &Config, url: String, server_pid: u32) -> Results {
         let holder = distlock::Client::builder().redis(url.as_str()).build().await.expect("second distlock client");
         results.wake.push(wakeup::distlock(&sys, &holder, &mut info, config.wake_trials).await);
         if config.variants.contains(&Variant::Rslock) {
-            let rs_holder = rslock::LockManager::new(vec![url.clone()]);
+            let rs_holder = systems::rslock(&url);
             results.wake.push(wakeup::rslock(&sys, &rs_holder, config.rslock_wake_trials).await);
         }
         for w in &results.wake {

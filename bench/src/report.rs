@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::contention::{self, Waiter};
 use crate::measure::percentile_us;
+use crate::proxy::ProxyStats;
 use crate::systems::Variant;
 use crate::uncontended::{self, VariantResult};
 use crate::{Config, Results};
@@ -134,11 +135,27 @@ struct Target {
     met: Option<bool>,
 }
 
-pub fn print(config: &Config, machine: &Machine, results: &Results, elapsed: Duration) {
+/// One pass of the scenarios, at one added round trip.
+#[derive(Debug)]
+pub struct Pass {
+    /// 0: loopback, no proxy.
+    pub rtt_ms: f64,
+    pub results: Results,
+    pub proxy: Option<ProxyStats>,
+}
+
+impl Pass {
+    fn label(&self) -> String {
+        if self.rtt_ms > 0.0 {
+            format!("+{} ms", self.rtt_ms)
+        } else {
+            "loopback".to_owned()
+        }
+    }
+}
+
+pub fn print(config: &Config, machine: &Machine, passes: &[Pass], elapsed: Duration) {
     let mut out = String::new();
-    let mut targets: Vec<Target> = Vec::new();
-    let rtt50 = percentile_us(&results.rtt, 50.0);
-    let rtt99 = percentile_us(&results.rtt, 99.0);
 
     let _ = writeln!(out, "## Performance\n");
     let _ = writeln!(
@@ -158,20 +175,52 @@ pub fn print(config: &Config, machine: &Machine, results: &Results, elapsed: Dur
         out,
         "Command: `{}` ({} rounds{}; {} in all). Each number is the median over rounds; in each round every \
          contender ran one window, in an order rotated every round; the windows of scenarios 1 and 2 each run in \
-         a fresh process. Round trip (PING on a `ConnectionManager`): p50 {} µs, p99 {} µs. Client CPU includes \
-         the runtime's idle wake-ups (large for one task in this VM); allocations are counted in a separate \
-         untimed pass; \"heap kept\" is what a pass left allocated, per cycle.\n",
+         a fresh process. Client CPU includes the runtime's idle wake-ups (large for one task in this VM); \
+         allocations are counted in a separate untimed pass; \"heap kept\" is what a pass left allocated, per \
+         cycle.\n",
         config.command_line(),
         config.rounds,
         if config.quick { ", --quick: short windows, not for the README" } else { "" },
         secs(elapsed),
-        num(rtt50, 1),
-        num(rtt99, 1),
     );
+    for p in passes {
+        pass(&mut out, p, passes.len() > 1 || p.rtt_ms > 0.0);
+    }
+    if passes.len() > 1 || passes.iter().any(|p| p.rtt_ms > 0.0) {
+        summary(&mut out, passes);
+    }
+    print!("{out}");
+}
+
+/// The tables of one pass, under a heading of its own when `headed`.
+fn pass(out: &mut String, pass: &Pass, headed: bool) {
+    let results = &pass.results;
+    let mut targets: Vec<Target> = Vec::new();
+    let rtt50 = percentile_us(&results.rtt, 50.0);
+    let rtt99 = percentile_us(&results.rtt, 99.0);
+    if headed {
+        let _ = writeln!(out, "## Added round trip: {}\n", pass.label());
+    }
+    let _ =
+        write!(out, "Round trip (PING on a `ConnectionManager`): p50 {} µs, p99 {} µs.", num(rtt50, 1), num(rtt99, 1));
+    if let Some(proxy) = &pass.proxy {
+        let _ = write!(
+            out,
+            " Every contender crossed the benchmark's delay proxy ({} ms each way): {} connections, {} chunks up \
+             and {} down, released late by p50 {} µs, p99 {} µs.",
+            pass.rtt_ms / 2.0,
+            proxy.connections,
+            proxy.chunks_up,
+            proxy.chunks_down,
+            num(percentile_us(&proxy.lateness, 50.0), 1),
+            num(percentile_us(&proxy.lateness, 99.0), 1),
+        );
+    }
+    out.push_str("\n\n");
 
     if let Some(s) = &results.one_task {
         let _ = writeln!(out, "### 1. One task, distinct keys (acquire + release, {} windows)\n", secs(s.window));
-        uncontended_table(&mut out, s);
+        uncontended_table(out, s);
         let get = |v| s.by_variant.get(&v).map(|r: &VariantResult| r.median(|x| x.cycles_per_s));
         if let (Some(raw), Some(api)) = (get(Variant::Raw), get(Variant::Api)) {
             let r = api / raw;
@@ -204,7 +253,7 @@ pub fn print(config: &Config, machine: &Machine, results: &Results, elapsed: Dur
             s.tasks,
             secs(s.window)
         );
-        uncontended_table(&mut out, s);
+        uncontended_table(out, s);
         let get = |v| s.by_variant.get(&v).map(|r: &VariantResult| r.median(|x| x.cycles_per_s));
         if let (Some(raw), Some(api)) = (get(Variant::Raw), get(Variant::Api)) {
             let r = api / raw;
@@ -216,6 +265,18 @@ pub fn print(config: &Config, machine: &Machine, results: &Results, elapsed: Dur
                 met: Some(r >= 0.9),
             });
         }
+        out.push('\n');
+    }
+
+    if let Some(s) = &results.many_tasks_unpinned {
+        let _ = writeln!(
+            out,
+            "### 2u. {} tasks, distinct keys, unpinned: a {}-worker client and redis-server share every CPU ({} windows)\n",
+            s.tasks,
+            crate::uncontended::UNPINNED_WORKERS,
+            secs(s.window)
+        );
+        uncontended_table(out, s);
         out.push('\n');
     }
 
@@ -258,7 +319,7 @@ pub fn print(config: &Config, machine: &Machine, results: &Results, elapsed: Dur
                 r.rounds.iter().map(|x| x.overlaps).sum::<u64>(),
             );
         }
-        errors_note(&mut out, s.by_waiter.iter().map(|(w, r)| (w.name(), r.errors, r.first_error.as_deref())));
+        errors_note(out, s.by_waiter.iter().map(|(w, r)| (w.name(), r.errors, r.first_error.as_deref())));
         let _ = writeln!(
             out,
             "\nmin ÷ mean is the median over rounds of (fewest acquisitions of any task) ÷ (mean per task); the \
@@ -351,10 +412,7 @@ pub fn print(config: &Config, machine: &Machine, results: &Results, elapsed: Dur
                 secs(Duration::from_secs_f64(r.fill_s)),
             );
         }
-        errors_note(
-            &mut out,
-            results.held.iter().map(|r| (r.label, r.errors + r.lost as u64, r.first_error.as_deref())),
-        );
+        errors_note(out, results.held.iter().map(|r| (r.label, r.errors + r.lost as u64, r.first_error.as_deref())));
         out.push('\n');
         let largest = results.held.iter().map(|r| r.locks).max().unwrap_or(0);
         for r in results.held.iter().filter(|r| r.label.starts_with("distlock")) {
@@ -474,6 +532,108 @@ pub fn print(config: &Config, machine: &Machine, results: &Results, elapsed: Dur
             };
             let _ = writeln!(out, "| {} | {} | {} | {} |", t.scenario, t.what, t.result, met);
         }
+        out.push('\n');
     }
-    print!("{out}");
+}
+
+/// The ratios to the raw floor that issue 18's targets name, in one pass.
+#[derive(Debug, Default, Clone, Copy)]
+struct Ratios {
+    one: (f64, f64),
+    many: (f64, f64),
+    unpinned: (f64, f64),
+    /// distlock's hand-off gap p50 ÷ its release call p50 (target: ≤ 1, one release round trip).
+    hand_off: f64,
+    /// distlock's fewest acquisitions of a task ÷ the mean (median over rounds).
+    fairness: f64,
+}
+
+/// (distlock `acquire`+`release` ÷ raw, rslock ÷ raw) in cycles/s.
+fn ratios(s: Option<&uncontended::Scenario>) -> (f64, f64) {
+    let Some(s) = s else { return (f64::NAN, f64::NAN) };
+    let get = |v| s.by_variant.get(&v).map_or(f64::NAN, |r: &VariantResult| r.median(|x| x.cycles_per_s));
+    let raw = get(Variant::Raw);
+    (ratio(get(Variant::Api), raw), ratio(get(Variant::Rslock), raw))
+}
+
+impl Ratios {
+    fn of(results: &Results) -> Self {
+        let (hand_off, fairness) = results.contention.as_ref().and_then(|c| c.by_waiter.get(&Waiter::Distlock)).map_or(
+            (f64::NAN, f64::NAN),
+            |d| {
+                (
+                    ratio(d.median(|x| x.gap_p50_us), d.median(|x| x.release_p50_us)),
+                    d.median(|x| x.min_per_task as f64 / x.mean_per_task),
+                )
+            },
+        );
+        Self {
+            one: ratios(results.one_task.as_ref()),
+            many: ratios(results.many_tasks.as_ref()),
+            unpinned: ratios(results.many_tasks_unpinned.as_ref()),
+            hand_off,
+            fairness,
+        }
+    }
+
+    /// Issue 18's targets this pass missed (NaN: not measured, not missed).
+    fn missed(&self) -> Vec<String> {
+        let mut missed = Vec::new();
+        let mut check = |ok: bool, what: String| {
+            if !ok {
+                missed.push(what);
+            }
+        };
+        let (d, r) = self.many;
+        check(not_below(d, 0.95), format!("64 tasks {} < 0.95", num(d, 2)));
+        check(not_below(d, r), format!("64 tasks {} < rslock {}", num(d, 2), num(r, 2)));
+        let (d, r) = self.unpinned;
+        check(not_below(d, r), format!("2u {} < rslock {}", num(d, 2), num(r, 2)));
+        check(not_below(self.one.0, 0.97), format!("1 task {} < 0.97", num(self.one.0, 2)));
+        check(not_below(1.0, self.hand_off), format!("hand-off {} release calls", num(self.hand_off, 2)));
+        check(not_below(self.fairness, 0.9), format!("fairness {} < 0.9", num(self.fairness, 2)));
+        missed
+    }
+}
+
+/// `x ≥ bound`, or either is unknown (NaN: not measured, so not missed).
+fn not_below(x: f64, bound: f64) -> bool {
+    x.partial_cmp(&bound) != Some(std::cmp::Ordering::Less)
+}
+
+/// Scenario × round trip: each contender's ratio to the raw floor in the same pass, and issue 18's targets.
+fn summary(out: &mut String, passes: &[Pass]) {
+    let _ = writeln!(out, "## Summary: ratios to the raw floor, per added round trip\n");
+    let _ = writeln!(
+        out,
+        "Each ratio is cycles/s ÷ the raw floor's in the same pass (distlock = `acquire` + `release`). Hand-off: \
+         distlock's hand-off gap p50 ÷ its own release call p50 (1 = one release round trip). Fairness: the fewest \
+         acquisitions of any task ÷ the mean. Targets (issue 18): 64 tasks ≥ 0.95 and ≥ rslock's ratio, 1 task ≥ \
+         0.97, hand-off ≤ 1, fairness ≥ 0.9.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| added round trip | PING p50 µs | 1 task distlock | 1 task rslock | 64 tasks distlock | 64 tasks rslock | 2u distlock | 2u rslock | hand-off ÷ release call | fairness | targets missed |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    for p in passes {
+        let r = Ratios::of(&p.results);
+        let missed = r.missed();
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            p.label(),
+            num(percentile_us(&p.results.rtt, 50.0), 1),
+            num(r.one.0, 2),
+            num(r.one.1, 2),
+            num(r.many.0, 2),
+            num(r.many.1, 2),
+            num(r.unpinned.0, 2),
+            num(r.unpinned.1, 2),
+            num(r.hand_off, 2),
+            num(r.fairness, 2),
+            if missed.is_empty() { "none".to_owned() } else { missed.join("; ") },
+        );
+    }
+    out.push('\n');
 }

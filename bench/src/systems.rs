@@ -70,6 +70,19 @@ pub fn manager_config() -> ConnectionManagerConfig {
         .set_max_delay(Duration::from_millis(500))
 }
 
+/// A `redis` client for `url` with Nagle off, as distlock's connections have it: the raw floor and rslock
+/// (through `LockManager::from_clients`) get the same socket setting.
+pub fn client(url: &str) -> redis::RedisResult<redis::Client> {
+    use redis::IntoConnectionInfo;
+    let info = url.into_connection_info()?.set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+    redis::Client::open(info)
+}
+
+/// rslock on `url`, with Nagle off.
+pub fn rslock(url: &str) -> rslock::LockManager {
+    rslock::LockManager::from_clients(vec![client(url).expect("server url")])
+}
+
 /// Compare-and-delete: the raw release.
 const RAW_RELEASE: &str = r"if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0";
@@ -126,7 +139,7 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 
 impl Raw {
     pub async fn connect(url: &str) -> redis::RedisResult<Self> {
-        let client = redis::Client::open(url)?;
+        let client = client(url)?;
         let mut conn = ConnectionManager::new_with_config(client, manager_config()).await?;
         let load = |src: &'static str| {
             let mut conn = conn.clone();
@@ -218,7 +231,7 @@ impl Raw {
 #[derive(Debug)]
 pub struct Systems {
     pub raw: Raw,
-    /// The distlock client (also installed globally for the macro).
+    /// The distlock client (a child process that runs the macro installs it globally).
     pub distlock: distlock::Client,
     pub rslock: rslock::LockManager,
 }

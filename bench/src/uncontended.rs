@@ -179,6 +179,8 @@ pub struct Shape {
     pub tasks: usize,
     pub window: Duration,
     pub rounds: usize,
+    /// Scenario 2u: the child runs on every CPU, with a 2-worker runtime, instead of on the benchmark's CPUs.
+    pub unpinned: bool,
 }
 
 /// Allocation counts of one variant, per cycle.
@@ -206,7 +208,14 @@ enum Job {
 /// Every window runs in its own process so that no contender pays for another's leftovers: a distlock
 /// cycle leaves its renewal-queue entry (and the grant's allocation) behind for ttl/3, and in a shared
 /// process the heap those leave fragmented slowed the raw floor's allocations by a third.
-async fn in_child(url: &str, server_pid: u32, variant: Variant, tasks: usize, job: Job) -> Result<String, String> {
+async fn in_child(
+    url: &str,
+    server_pid: u32,
+    variant: Variant,
+    tasks: usize,
+    job: Job,
+    unpinned: bool,
+) -> Result<String, String> {
     let (mode, amount) = match job {
         Job::Time(window) => ("time", window.as_millis() as u64),
         Job::Count(cycles) => ("count", cycles),
@@ -219,6 +228,7 @@ async fn in_child(url: &str, server_pid: u32, variant: Variant, tasks: usize, jo
         amount.to_string(),
         url.to_owned(),
         server_pid.to_string(),
+        if unpinned { UNPINNED } else { "pinned" }.to_owned(),
     ];
     let output = tokio::task::spawn_blocking(move || {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -242,11 +252,16 @@ fn numbers(line: &str) -> Vec<f64> {
     line.split_whitespace().map(|x| x.parse().unwrap_or(f64::NAN)).collect()
 }
 
-/// The child's side: `--cycle-child <time|count> <variant> <tasks> <window ms|cycles> <url> <server pid>`;
-/// prints one `RESULT` line.
+/// The child's placement argument for scenario 2u.
+const UNPINNED: &str = "unpinned";
+/// Scenario 2u's runtime: two workers, as on a small host.
+pub const UNPINNED_WORKERS: usize = 2;
+
+/// The child's side: `--cycle-child <time|count> <variant> <tasks> <window ms|cycles> <url> <server pid>
+/// <pinned|unpinned>`; prints one `RESULT` line.
 pub fn child(args: &[String]) -> std::process::ExitCode {
-    let [mode, variant, tasks, amount, url, pid] = args else {
-        eprintln!("{CHILD_FLAG} needs: mode variant tasks amount url server_pid");
+    let [mode, variant, tasks, amount, url, pid, placement] = args else {
+        eprintln!("{CHILD_FLAG} needs: mode variant tasks amount url server_pid placement");
         return std::process::ExitCode::FAILURE;
     };
     let (Some(variant), Ok(tasks), Ok(amount), Ok(pid)) =
@@ -256,8 +271,15 @@ pub fn child(args: &[String]) -> std::process::ExitCode {
         return std::process::ExitCode::FAILURE;
     };
     let job = if mode == "time" { Job::Time(Duration::from_millis(amount)) } else { Job::Count(amount) };
+    let workers = if placement == UNPINNED {
+        // Before the runtime's threads exist: they inherit it.
+        crate::proxy::run_anywhere(crate::machine_cores());
+        UNPINNED_WORKERS
+    } else {
+        crate::allowed_cpus()
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(crate::allowed_cpus())
+        .worker_threads(workers)
         .enable_all()
         .build()
         .expect("tokio runtime");
@@ -314,7 +336,7 @@ pub async fn count_allocations(
 ) -> HashMap<Variant, AllocCounts> {
     let mut counts = HashMap::new();
     for &variant in variants {
-        match in_child(url, server_pid, variant, tasks, Job::Count(cycles_each)).await {
+        match in_child(url, server_pid, variant, tasks, Job::Count(cycles_each), false).await {
             Ok(line) => {
                 let f = numbers(&line);
                 let a = AllocCounts {
@@ -346,7 +368,7 @@ pub async fn run(
     shape: Shape,
     allocations: &HashMap<Variant, AllocCounts>,
 ) -> Scenario {
-    let Shape { tasks, window, rounds } = shape;
+    let Shape { tasks, window, rounds, unpinned } = shape;
     let mut scenario = Scenario { tasks, window, by_variant: HashMap::new() };
     for &v in variants {
         let a = allocations.get(&v).copied().unwrap_or(AllocCounts {
@@ -366,7 +388,7 @@ pub async fn run(
         for i in 0..variants.len() {
             let v = variants[(i + round) % variants.len()];
             let result = scenario.by_variant.get_mut(&v).expect("inserted above");
-            let f = match in_child(url, server_pid, v, tasks, Job::Time(window)).await {
+            let f = match in_child(url, server_pid, v, tasks, Job::Time(window), unpinned).await {
                 Ok(line) => numbers(&line),
                 Err(e) => {
                     result.errors += 1;

@@ -23,14 +23,18 @@ pub async fn round_trips(sys: &Systems, count: usize) -> Vec<u32> {
 /// Round-trip time of PING on a `ConnectionManager`, each after `idle` without traffic (as a release comes
 /// after a wait), sorted samples in ns.
 pub async fn round_trips_after(sys: &Systems, count: usize, idle: Duration) -> Vec<u32> {
-    let mut conn = sys.raw.conn.clone();
+    pings(&mut sys.raw.conn.clone(), count, idle).await
+}
+
+/// `count` PINGs on `conn`, one at a time, each after `idle`: their round trips, sorted, in ns.
+pub async fn pings<C: redis::aio::ConnectionLike + Send>(conn: &mut C, count: usize, idle: Duration) -> Vec<u32> {
     let mut samples = Vec::with_capacity(count);
     for _ in 0..count {
         if !idle.is_zero() {
             tokio::time::sleep(idle).await;
         }
         let t = Instant::now();
-        let _: String = redis::cmd("PING").query_async(&mut conn).await.expect("PING");
+        let _: String = redis::cmd("PING").query_async(conn).await.expect("PING");
         samples.push(ns32(t.elapsed()));
     }
     samples.sort_unstable();

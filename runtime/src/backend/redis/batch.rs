@@ -3,10 +3,12 @@
 //! Redis spends most of a small script's time on the call itself (parsing, the Lua call, the reply), not on
 //! the few commands inside: one call for many locks is what lets a fenced, queue-aware lock keep up with a
 //! bare `SET NX`. Nothing waits to fill a batch: an operation that finds a free call slot is sent at once,
-//! alone, by its own task (one task alone sees no change in latency). Only while [`MAX_IN_FLIGHT`] calls
-//! are outstanding do new operations queue; each call, when it comes back, takes the whole queue (up to
+//! alone, by its own task (one task alone sees no change in latency). Only while a window's worth of calls
+//! is outstanding do new operations queue; each call, when it comes back, takes the whole queue (up to
 //! [`MAX_OPS`]) with it on its next trip, in a task of its own, so no caller's cancellation strands another's
-//! operation.
+//! operation. The window follows the round trip ([`Window`]): small where a call's round trip is mostly
+//! Redis's time (loopback), so operations share calls; wide open a network hop away, where a queued operation
+//! would wait most of a round trip for a slot while Redis idles.
 //!
 //! The coalescer talks to Redis through [`Transport`] (one script call for some operations), so its slots,
 //! queue and cancellation are unit-tested without a server.
@@ -14,19 +16,17 @@
 use std::borrow::Cow;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use redis::{Cmd, Value};
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::scripts::{LuaScript, ACQUIRE, BATCH, RELEASE};
+use super::window::Window;
 use super::{failed_in_script, send_script, unexpected_reply};
 use crate::LockToken;
-
-/// Script calls of acquires and releases outstanding at once on the connection. More calls in flight
-/// means shorter waits for a slot but smaller batches, which cost Redis more per operation; with 64 tasks
-/// cycling, 2–4 measured best (`distlock-bench --only 2`), 1 left Redis idle during round trips.
-const MAX_IN_FLIGHT: usize = 3;
 
 /// Operations in one call at most, so one call never holds redis-server for long (about 4 µs each).
 const MAX_OPS: usize = 64;
@@ -125,6 +125,31 @@ struct Queued {
 struct Slots {
     queue: Vec<Queued>,
     in_flight: usize,
+    window: Window,
+}
+
+impl Slots {
+    /// Whether a call may go out now.
+    fn free(&self) -> bool {
+        self.in_flight < self.window.limit()
+    }
+
+    /// A call came back (`round_trip` is `None` if it failed: a failure says nothing about the round trip).
+    /// Returns whether its slot carries on with the queue; if not, the slot is given back.
+    fn call_done(&mut self, round_trip: Option<Duration>) -> bool {
+        if let Some(round_trip) = round_trip {
+            let window_bound = !self.queue.is_empty() || !self.free();
+            self.window.observe(Instant::now(), round_trip, self.in_flight, window_bound);
+        }
+        // The window may have shrunk below the calls in flight: then this slot closes even with operations
+        // queued (the calls still in flight take them).
+        if self.queue.is_empty() || self.in_flight > self.window.limit() {
+            self.in_flight -= 1;
+            false
+        } else {
+            true
+        }
+    }
 }
 
 /// Where the coalescer's calls go: one script call carrying `ops` (the single-operation script for one,
@@ -162,7 +187,7 @@ impl<T: Transport> Coalescer<T> {
     pub(super) async fn run(self: &Arc<Self>, op: Op<'_>) -> Reply {
         let turn = {
             let mut slots = self.slots();
-            if slots.in_flight < MAX_IN_FLIGHT && slots.queue.is_empty() {
+            if slots.free() && slots.queue.is_empty() {
                 slots.in_flight += 1;
                 Turn::Now(op)
             } else {
@@ -174,8 +199,13 @@ impl<T: Transport> Coalescer<T> {
         match turn {
             Turn::Now(op) => {
                 // Gives the slot back however this future ends, cancellation included.
-                let _slot = Slot(self);
-                call_one(&self.conn, &op).await
+                let mut slot = Slot { coalescer: self, round_trip: None };
+                let sent = Instant::now();
+                let reply = call_one(&self.conn, &op).await;
+                if reply.is_ok() {
+                    slot.round_trip = Some(sent.elapsed());
+                }
+                reply
             }
             Turn::Queued(receiver) => {
                 self.start_draining_if_idle();
@@ -187,7 +217,7 @@ impl<T: Transport> Coalescer<T> {
     /// If every queued operation is waiting for a slot that no call holds, starts a call for them.
     fn start_draining_if_idle(self: &Arc<Self>) {
         let mut slots = self.slots();
-        if slots.in_flight < MAX_IN_FLIGHT && !slots.queue.is_empty() {
+        if slots.free() && !slots.queue.is_empty() {
             slots.in_flight += 1;
             drop(slots);
             self.spawn_drainer();
@@ -213,13 +243,14 @@ struct Drainer<T: Transport> {
 
 impl<T: Transport> Drainer<T> {
     async fn run(mut self) {
+        // The round trip of this slot's last call, if one came back.
+        let mut round_trip = None;
         loop {
             let batch: Vec<Queued> = {
                 let mut slots = self.coalescer.slots();
-                if slots.queue.is_empty() {
-                    // Given back under the same lock that saw the queue empty: a new operation either was
-                    // taken here or finds the slot free.
-                    slots.in_flight -= 1;
+                // Given back under the same lock that saw the queue empty: a new operation either was taken
+                // here or finds the slot free.
+                if !slots.call_done(round_trip.take()) {
                     self.done = true;
                     return;
                 }
@@ -232,7 +263,12 @@ impl<T: Transport> Drainer<T> {
             if ops.is_empty() {
                 continue;
             }
-            for (reply, result) in replies.into_iter().zip(call_many(&self.coalescer.conn, &ops).await) {
+            let sent = Instant::now();
+            let results = call_many(&self.coalescer.conn, &ops).await;
+            if results.iter().any(Result::is_ok) {
+                round_trip = Some(sent.elapsed());
+            }
+            for (reply, result) in replies.into_iter().zip(results) {
                 let _ = reply.send(result);
             }
         }
@@ -250,18 +286,18 @@ impl<T: Transport> Drop for Drainer<T> {
     }
 }
 
-/// Gives a call slot back: to the queue, if operations wait, else free.
-struct Slot<'a, T: Transport>(&'a Arc<Coalescer<T>>);
+/// Gives a call slot back: to the queue, if operations wait (and the window still has room for it), else free.
+struct Slot<'a, T: Transport> {
+    coalescer: &'a Arc<Coalescer<T>>,
+    /// The call's round trip, once it came back well.
+    round_trip: Option<Duration>,
+}
 
 impl<T: Transport> Drop for Slot<'_, T> {
     fn drop(&mut self) {
-        let coalescer = self.0;
-        let mut slots = coalescer.slots();
-        if slots.queue.is_empty() {
-            slots.in_flight -= 1;
-        } else {
-            drop(slots);
-            coalescer.spawn_drainer();
+        let carries_on = self.coalescer.slots().call_done(self.round_trip);
+        if carries_on {
+            self.coalescer.spawn_drainer();
         }
     }
 }
@@ -331,155 +367,5 @@ async fn call_many(conn: &impl Transport, ops: &[Op<'_>]) -> Vec<Reply> {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::borrow::Cow;
-    use std::sync::{Arc, Mutex};
-
-    use redis::Value;
-    use tokio::sync::Semaphore;
-
-    use super::{Coalescer, Op, Reply, Transport, MAX_IN_FLIGHT};
-    use crate::LockToken;
-
-    /// A stand-in for Redis: records each call's operations (`<letter>:<record>`), answers once the test lets
-    /// it through the gate, fails the operations of records named `bad` inside the script (as `pcall` would)
-    /// and answers code 7, which no script sends, for records named `weird`.
-    struct FakeRedis {
-        calls: Mutex<Vec<Vec<String>>>,
-        gate: Semaphore,
-    }
-
-    impl FakeRedis {
-        fn new() -> Self {
-            Self { calls: Mutex::default(), gate: Semaphore::new(0) }
-        }
-
-        fn calls(&self) -> Vec<Vec<String>> {
-            self.calls.lock().unwrap().clone()
-        }
-
-        fn reply_to(op: &Op<'_>) -> [Value; 3] {
-            let code = match op.record() {
-                "bad" => return [Value::Int(-1), Value::BulkString(b"ERR boom".to_vec()), Value::Int(0)],
-                "weird" => 7,
-                _ => 1,
-            };
-            match op {
-                Op::Acquire { ttl_ms, .. } => [Value::Int(code), Value::Int(42), Value::Int(*ttl_ms as i64)],
-                Op::Release { .. } => [Value::Int(code), Value::Int(0), Value::Int(0)],
-            }
-        }
-    }
-
-    impl Transport for Arc<FakeRedis> {
-        async fn call(&self, ops: &[Op<'_>]) -> redis::RedisResult<Value> {
-            self.calls.lock().unwrap().push(ops.iter().map(|op| format!("{}:{}", op.letter(), op.record())).collect());
-            self.gate.acquire().await.expect("gate open").forget();
-            Ok(match ops {
-                [Op::Release { .. }] => FakeRedis::reply_to(&ops[0]).into_iter().next().expect("code"),
-                [op] => Value::Array(FakeRedis::reply_to(op).to_vec()),
-                _ => Value::Array(ops.iter().flat_map(FakeRedis::reply_to).collect()),
-            })
-        }
-    }
-
-    fn acquire(record: &str) -> Op<'static> {
-        Op::Acquire {
-            record: Cow::Owned(record.to_owned()),
-            token: LockToken::random(),
-            ttl_ms: 1000,
-            metadata: Cow::Borrowed(""),
-            register_ms: 0,
-            lease_ms: 0,
-        }
-    }
-
-    fn release(record: &str) -> Op<'static> {
-        Op::Release { record: Cow::Owned(record.to_owned()), token: LockToken::random(), keep_ms: 0 }
-    }
-
-    fn start(coalescer: &Arc<Coalescer<Arc<FakeRedis>>>, op: Op<'static>) -> tokio::task::JoinHandle<Reply> {
-        let coalescer = Arc::clone(coalescer);
-        tokio::spawn(async move { coalescer.run(op).await })
-    }
-
-    /// Lets every spawned task run until it waits on something.
-    async fn settle() {
-        for _ in 0..50 {
-            tokio::task::yield_now().await;
-        }
-    }
-
-    fn fake() -> (Arc<FakeRedis>, Arc<Coalescer<Arc<FakeRedis>>>) {
-        let redis = Arc::new(FakeRedis::new());
-        (Arc::clone(&redis), Coalescer::new(redis))
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_lone_operation_goes_out_at_once_in_a_call_of_its_own() {
-        let (redis, coalescer) = fake();
-        redis.gate.add_permits(2);
-        assert_eq!(coalescer.run(acquire("k")).await.unwrap(), (1, 42, 1000));
-        assert_eq!(coalescer.run(release("k")).await.unwrap(), (1, 0, 0));
-        assert_eq!(redis.calls(), [vec!["a:k"], vec!["r:k"]]);
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn operations_that_find_every_slot_busy_share_the_next_call() {
-        let (redis, coalescer) = fake();
-        let busy: Vec<_> = (0..MAX_IN_FLIGHT).map(|i| start(&coalescer, acquire(&format!("busy{i}")))).collect();
-        settle().await;
-        let queued: Vec<_> = (0..10).map(|i| start(&coalescer, release(&format!("q{i}")))).collect();
-        settle().await;
-        assert_eq!(redis.calls().len(), MAX_IN_FLIGHT, "queued operations were sent while every slot was busy");
-        // One call comes back: its slot takes the whole queue in one call.
-        redis.gate.add_permits(1);
-        settle().await;
-        let calls = redis.calls();
-        assert_eq!(calls.len(), MAX_IN_FLIGHT + 1);
-        assert_eq!(calls[MAX_IN_FLIGHT], (0..10).map(|i| format!("r:q{i}")).collect::<Vec<_>>());
-        redis.gate.add_permits(MAX_IN_FLIGHT);
-        for task in busy.into_iter().chain(queued) {
-            assert!(matches!(task.await.unwrap(), Ok((1, _, _))));
-        }
-        assert_eq!(redis.calls().len(), MAX_IN_FLIGHT + 1, "no call without operations");
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_cancelled_queued_operation_is_not_sent() {
-        let (redis, coalescer) = fake();
-        let busy: Vec<_> = (0..MAX_IN_FLIGHT).map(|i| start(&coalescer, acquire(&format!("busy{i}")))).collect();
-        settle().await;
-        let cancelled = start(&coalescer, acquire("cancelled"));
-        let kept = start(&coalescer, acquire("kept"));
-        settle().await;
-        cancelled.abort();
-        settle().await;
-        redis.gate.add_permits(MAX_IN_FLIGHT + 1);
-        assert!(kept.await.unwrap().is_ok());
-        for task in busy {
-            task.await.unwrap().unwrap();
-        }
-        assert_eq!(redis.calls()[MAX_IN_FLIGHT], ["a:kept"], "the cancelled operation went out");
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_failure_or_unknown_reply_inside_a_shared_call_is_that_operation_s_alone() {
-        let (redis, coalescer) = fake();
-        let busy: Vec<_> = (0..MAX_IN_FLIGHT).map(|i| start(&coalescer, acquire(&format!("busy{i}")))).collect();
-        settle().await;
-        let ops = ["ok1", "bad", "weird", "ok2"].map(|record| start(&coalescer, acquire(record)));
-        settle().await;
-        redis.gate.add_permits(MAX_IN_FLIGHT + 1);
-        let [ok1, bad, weird, ok2] = ops;
-        assert_eq!(ok1.await.unwrap().unwrap(), (1, 42, 1000));
-        assert!(bad.await.unwrap().unwrap_err().to_string().contains("boom"));
-        // The coalescer passes codes through; the store maps unknown ones to errors. Code 7 arrives intact.
-        assert_eq!(weird.await.unwrap().unwrap(), (7, 42, 1000));
-        assert_eq!(ok2.await.unwrap().unwrap(), (1, 42, 1000));
-        for task in busy {
-            task.await.unwrap().unwrap();
-        }
-        assert_eq!(redis.calls()[MAX_IN_FLIGHT].len(), 4, "the four shared one call");
-    }
-}
+#[path = "batch_tests.rs"]
+mod tests;

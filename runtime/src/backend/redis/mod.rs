@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::io::tcp::TcpSettings;
 use redis::{Cmd, FromRedisValue, IntoConnectionInfo, ProtocolVersion, Value};
 
 use super::{Attempt, Capabilities, Fencing, Hold, LockKeys, Queueing, ReleaseWatch, Renewal, Store, WakeUps};
@@ -22,6 +23,7 @@ mod config_errors;
 mod link;
 mod scripts;
 mod subscriber;
+mod window;
 
 /// The first value of an acquire script's reply (scripts.rs, `acquire`); any other is an error.
 const GRANTED: i64 = 1;
@@ -115,7 +117,7 @@ impl RedisBackend {
         let timeouts = settings.timeouts;
         let server = redact_url(url);
         refuse_unchecked_tls(url, &settings)?;
-        let info = url.into_connection_info().map_err(|e| url_error(&server, &e))?;
+        let info = connection_info(url, &server)?;
         let client = redis::Client::open(info.clone()).map_err(|e| url_error(&server, &e))?;
         let connect = ConnectionManager::new_with_config(client, manager_config(timeouts));
         let connected = tokio::time::timeout(timeouts.connect * 2, connect)
@@ -157,7 +159,7 @@ impl RedisBackend {
         let mut infos = Vec::with_capacity(seeds.len());
         for seed in seeds {
             refuse_unchecked_tls(seed, &settings)?;
-            infos.push(seed.as_str().into_connection_info().map_err(|e| url_error(&redact_url(seed), &e))?);
+            infos.push(connection_info(seed, &redact_url(seed))?);
         }
         let subscriber = Subscriber::given(timeouts);
         // The crate's defaults wait at least 1.28 s between retries and bound a whole call by one attempt's
@@ -209,11 +211,12 @@ impl RedisBackend {
         let mut infos = Vec::with_capacity(sentinels.len());
         for url in sentinels {
             refuse_unchecked_tls(url, &settings)?;
-            infos.push(url.as_str().into_connection_info().map_err(|e| url_error(&redact_url(url), &e))?);
+            infos.push(connection_info(url, &redact_url(url))?);
         }
         // The primary is spoken to in RESP3, so the one connection also receives the release announcements.
         let node = SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(redis::RedisConnectionInfo::default().set_protocol(ProtocolVersion::RESP3));
+            .set_redis_connection_info(redis::RedisConnectionInfo::default().set_protocol(ProtocolVersion::RESP3))
+            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
         // An owned name: what `build` takes without the redis crate's TLS feature (with it, any `AsRef<str>`).
         let name = String::from(service);
         let sentinel = SentinelClient::build(infos, name, Some(node), SentinelServerType::Master)
@@ -622,6 +625,15 @@ async fn send_script<T: FromRedisValue>(
     reply
 }
 
+/// The connection settings for `url` (`server` is its redacted form, for the error).
+fn connection_info(url: &str, server: &str) -> Result<redis::ConnectionInfo, LockError> {
+    let info = url.into_connection_info().map_err(|e| url_error(server, &e))?;
+    // Nagle's algorithm holds a small write back while an earlier one is unacknowledged: with several calls in
+    // flight on one connection, a request would wait for an earlier reply (a round trip) or the server's delayed
+    // ACK. Redis sends its replies with TCP_NODELAY; both of our connections send with it too.
+    Ok(info.set_tcp_settings(TcpSettings::default().set_nodelay(true)))
+}
+
 fn is_noscript(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
@@ -645,4 +657,14 @@ fn millis(d: Duration) -> u64 {
 
 fn timeout_error(what: &'static str) -> redis::RedisError {
     redis::RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, what))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn connections_are_made_with_nagle_off() {
+        let info = super::connection_info("redis://127.0.0.1:6390/", "redis://127.0.0.1:6390/").unwrap();
+        assert!(info.tcp_settings().nodelay());
+        assert!(super::connection_info("not a url", "not a url").is_err());
+    }
 }

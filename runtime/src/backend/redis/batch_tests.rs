@@ -1,0 +1,253 @@
+//! The coalescer against stand-ins for Redis: a gated one, to see which operations share which call, and
+//! a simulated one a network hop away or busy, in paused time, to see the window follow the round trip.
+
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::Value;
+use tokio::sync::Semaphore;
+
+use super::super::window::INITIAL as SLOTS;
+use super::{Coalescer, Op, Reply, Transport};
+use crate::LockToken;
+
+/// A stand-in for Redis: records each call's operations (`<letter>:<record>`), answers once the test lets
+/// it through the gate, fails the operations of records named `bad` inside the script (as `pcall` would)
+/// and answers code 7, which no script sends, for records named `weird`.
+struct FakeRedis {
+    calls: Mutex<Vec<Vec<String>>>,
+    gate: Semaphore,
+}
+
+impl FakeRedis {
+    fn new() -> Self {
+        Self { calls: Mutex::default(), gate: Semaphore::new(0) }
+    }
+
+    fn calls(&self) -> Vec<Vec<String>> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    fn reply_to(op: &Op<'_>) -> [Value; 3] {
+        let code = match op.record() {
+            "bad" => return [Value::Int(-1), Value::BulkString(b"ERR boom".to_vec()), Value::Int(0)],
+            "weird" => 7,
+            _ => 1,
+        };
+        match op {
+            Op::Acquire { ttl_ms, .. } => [Value::Int(code), Value::Int(42), Value::Int(*ttl_ms as i64)],
+            Op::Release { .. } => [Value::Int(code), Value::Int(0), Value::Int(0)],
+        }
+    }
+}
+
+impl Transport for Arc<FakeRedis> {
+    async fn call(&self, ops: &[Op<'_>]) -> redis::RedisResult<Value> {
+        self.calls.lock().unwrap().push(ops.iter().map(|op| format!("{}:{}", op.letter(), op.record())).collect());
+        self.gate.acquire().await.expect("gate open").forget();
+        Ok(match ops {
+            [Op::Release { .. }] => FakeRedis::reply_to(&ops[0]).into_iter().next().expect("code"),
+            [op] => Value::Array(FakeRedis::reply_to(op).to_vec()),
+            _ => Value::Array(ops.iter().flat_map(FakeRedis::reply_to).collect()),
+        })
+    }
+}
+
+fn acquire(record: &str) -> Op<'static> {
+    Op::Acquire {
+        record: Cow::Owned(record.to_owned()),
+        token: LockToken::random(),
+        ttl_ms: 1000,
+        metadata: Cow::Borrowed(""),
+        register_ms: 0,
+        lease_ms: 0,
+    }
+}
+
+fn release(record: &str) -> Op<'static> {
+    Op::Release { record: Cow::Owned(record.to_owned()), token: LockToken::random(), keep_ms: 0 }
+}
+
+fn start(coalescer: &Arc<Coalescer<Arc<FakeRedis>>>, op: Op<'static>) -> tokio::task::JoinHandle<Reply> {
+    let coalescer = Arc::clone(coalescer);
+    tokio::spawn(async move { coalescer.run(op).await })
+}
+
+/// Lets every spawned task run until it waits on something.
+async fn settle() {
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn fake() -> (Arc<FakeRedis>, Arc<Coalescer<Arc<FakeRedis>>>) {
+    let redis = Arc::new(FakeRedis::new());
+    (Arc::clone(&redis), Coalescer::new(redis))
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_lone_operation_goes_out_at_once_in_a_call_of_its_own() {
+    let (redis, coalescer) = fake();
+    redis.gate.add_permits(2);
+    assert_eq!(coalescer.run(acquire("k")).await.unwrap(), (1, 42, 1000));
+    assert_eq!(coalescer.run(release("k")).await.unwrap(), (1, 0, 0));
+    assert_eq!(redis.calls(), [vec!["a:k"], vec!["r:k"]]);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn operations_that_find_every_slot_busy_share_the_next_call() {
+    let (redis, coalescer) = fake();
+    let busy: Vec<_> = (0..SLOTS).map(|i| start(&coalescer, acquire(&format!("busy{i}")))).collect();
+    settle().await;
+    let queued: Vec<_> = (0..10).map(|i| start(&coalescer, release(&format!("q{i}")))).collect();
+    settle().await;
+    assert_eq!(redis.calls().len(), SLOTS, "queued operations were sent while every slot was busy");
+    // One call comes back: its slot takes the whole queue in one call.
+    redis.gate.add_permits(1);
+    settle().await;
+    let calls = redis.calls();
+    assert_eq!(calls.len(), SLOTS + 1);
+    assert_eq!(calls[SLOTS], (0..10).map(|i| format!("r:q{i}")).collect::<Vec<_>>());
+    redis.gate.add_permits(SLOTS);
+    for task in busy.into_iter().chain(queued) {
+        assert!(matches!(task.await.unwrap(), Ok((1, _, _))));
+    }
+    assert_eq!(redis.calls().len(), SLOTS + 1, "no call without operations");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_cancelled_queued_operation_is_not_sent() {
+    let (redis, coalescer) = fake();
+    let busy: Vec<_> = (0..SLOTS).map(|i| start(&coalescer, acquire(&format!("busy{i}")))).collect();
+    settle().await;
+    let cancelled = start(&coalescer, acquire("cancelled"));
+    let kept = start(&coalescer, acquire("kept"));
+    settle().await;
+    cancelled.abort();
+    settle().await;
+    redis.gate.add_permits(SLOTS + 1);
+    assert!(kept.await.unwrap().is_ok());
+    for task in busy {
+        task.await.unwrap().unwrap();
+    }
+    assert_eq!(redis.calls()[SLOTS], ["a:kept"], "the cancelled operation went out");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_failure_or_unknown_reply_inside_a_shared_call_is_that_operation_s_alone() {
+    let (redis, coalescer) = fake();
+    let busy: Vec<_> = (0..SLOTS).map(|i| start(&coalescer, acquire(&format!("busy{i}")))).collect();
+    settle().await;
+    let ops = ["ok1", "bad", "weird", "ok2"].map(|record| start(&coalescer, acquire(record)));
+    settle().await;
+    redis.gate.add_permits(SLOTS + 1);
+    let [ok1, bad, weird, ok2] = ops;
+    assert_eq!(ok1.await.unwrap().unwrap(), (1, 42, 1000));
+    assert!(bad.await.unwrap().unwrap_err().to_string().contains("boom"));
+    // The coalescer passes codes through; the store maps unknown ones to errors. Code 7 arrives intact.
+    assert_eq!(weird.await.unwrap().unwrap(), (7, 42, 1000));
+    assert_eq!(ok2.await.unwrap().unwrap(), (1, 42, 1000));
+    for task in busy {
+        task.await.unwrap().unwrap();
+    }
+    assert_eq!(redis.calls()[SLOTS].len(), 4, "the four shared one call");
+}
+
+/// A stand-in for Redis a network hop away, in (paused) tokio time: each call travels `one_way`, waits its
+/// turn (Redis runs one call at a time), takes `per_call` plus `per_op` for each operation in it, and travels
+/// back. Counts calls, operations, and the most calls in flight at once.
+struct SimRedis {
+    one_way: Duration,
+    per_call: Duration,
+    per_op: Duration,
+    server: tokio::sync::Mutex<()>,
+    calls: AtomicUsize,
+    ops: AtomicUsize,
+    in_flight: AtomicUsize,
+    most_in_flight: AtomicUsize,
+}
+
+impl Transport for Arc<SimRedis> {
+    async fn call(&self, ops: &[Op<'_>]) -> redis::RedisResult<Value> {
+        self.calls.fetch_add(1, SeqCst);
+        self.ops.fetch_add(ops.len(), SeqCst);
+        let now = self.in_flight.fetch_add(1, SeqCst) + 1;
+        self.most_in_flight.fetch_max(now, SeqCst);
+        tokio::time::sleep(self.one_way).await;
+        {
+            let _turn = self.server.lock().await;
+            tokio::time::sleep(self.per_call + self.per_op * ops.len() as u32).await;
+        }
+        tokio::time::sleep(self.one_way).await;
+        self.in_flight.fetch_sub(1, SeqCst);
+        Ok(match ops {
+            [Op::Release { .. }] => Value::Int(1),
+            [op] => Value::Array(FakeRedis::reply_to(op).to_vec()),
+            _ => Value::Array(ops.iter().flat_map(FakeRedis::reply_to).collect()),
+        })
+    }
+}
+
+/// What `tasks` tasks, each doing `cycles` acquire + release on a record of its own, saw of `redis`: the
+/// time they took, operations per call, and the most calls in flight.
+async fn cycle(redis: SimRedis, tasks: usize, cycles: usize) -> (Duration, f64, usize) {
+    let redis = Arc::new(redis);
+    let coalescer = Coalescer::new(Arc::clone(&redis));
+    let started = tokio::time::Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let coalescer = Arc::clone(&coalescer);
+            tokio::spawn(async move {
+                let record = format!("own{task}");
+                for _ in 0..cycles {
+                    assert_eq!(coalescer.run(acquire(&record)).await.unwrap().0, 1);
+                    assert_eq!(coalescer.run(release(&record)).await.unwrap().0, 1);
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.await.unwrap();
+    }
+    let per_call = redis.ops.load(SeqCst) as f64 / redis.calls.load(SeqCst) as f64;
+    (started.elapsed(), per_call, redis.most_in_flight.load(SeqCst))
+}
+
+fn sim(one_way_us: u64, per_call_us: u64, per_op_us: u64) -> SimRedis {
+    SimRedis {
+        one_way: Duration::from_micros(one_way_us),
+        per_call: Duration::from_micros(per_call_us),
+        per_op: Duration::from_micros(per_op_us),
+        server: tokio::sync::Mutex::new(()),
+        calls: AtomicUsize::new(0),
+        ops: AtomicUsize::new(0),
+        in_flight: AtomicUsize::new(0),
+        most_in_flight: AtomicUsize::new(0),
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_network_hop_away_every_operation_goes_out_at_once() {
+    // tokio's timer counts whole milliseconds: the simulation runs 1000x slower than the real thing (the
+    // window's rule depends on ratios of round trips only). A 1 ms round trip; Redis spends 5 µs on a lone
+    // call, so 64 tasks keep it a third busy.
+    let (took, per_call, most) = cycle(sim(500_000, 4_000, 1_000), 64, 100).await;
+    // Every cycle is two round trips: 200 ms (here 200 s) if no operation ever waited for a slot. A window
+    // fixed at the loopback setting takes over a third longer.
+    let ideal = Duration::from_secs(200);
+    assert!(took < ideal.mul_f64(1.1), "took {took:?} (ideal {ideal:?}); {per_call:.1} ops per call, {most} in flight");
+    assert!(most > 32, "at most {most} calls in flight");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn where_redis_is_the_bottleneck_operations_share_calls() {
+    // Loopback (1000x slower, as above): 30 µs round trip; a call costs Redis 20 µs, plus 2 µs per
+    // operation. Sent alone, 64 tasks' operations would need 22 µs of Redis each; shared, a few.
+    let (took, per_call, most) = cycle(sim(15_000, 20_000, 2_000), 64, 50).await;
+    assert!(per_call >= 8.0, "{per_call:.1} operations per call, {most} in flight, took {took:?}");
+    assert!(most <= SLOTS + 2, "{most} calls in flight");
+    let alone = Duration::from_millis(22 * 64 * 100);
+    assert!(took < alone / 2, "took {took:?}; one call per operation would take {alone:?}");
+}
