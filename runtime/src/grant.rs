@@ -141,6 +141,12 @@ impl Grant {
         self.is_finished() || self.lease().is_lost()
     }
 
+    /// The instant [`is_lost`](Grant::is_lost) compares with: `valid_until`, which losing or finishing the
+    /// grant pulls back to that moment at the latest.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.lease().valid_until
+    }
+
     /// Resolves when [`is_lost`](Grant::is_lost) turns true.
     pub(crate) async fn lost(&self) {
         loop {
@@ -186,6 +192,7 @@ impl Grant {
             let changed = newly || (gone && !l.gone);
             l.lost = true;
             l.gone |= gone;
+            l.valid_until = l.valid_until.min(Instant::now());
             changed
         });
         if newly && !self.is_finished() {
@@ -222,7 +229,13 @@ impl Grant {
         // State first: a schedule racing with this either sees FINISHED or is undone by the cancel.
         let in_flight = self.state.fetch_or(FINISHED, Ordering::AcqRel) & RENEWING != 0;
         self.client.inner.renewer.cancel(self);
-        self.lease_changed.notify_waiters();
+        // A finished grant reads as lost, its deadline now at the latest; a renewal still in flight cannot
+        // move it (renewals apply only to leases not lost).
+        self.update_lease(|l| {
+            l.lost = true;
+            l.valid_until = l.valid_until.min(Instant::now());
+            true
+        });
         in_flight
     }
 
