@@ -277,7 +277,7 @@ tokio::task_local! {
     static SCOPED: Client;
 }
 
-/// Installs `client` as the global client that `#[distributed_lock]` functions and [`client()`] use.
+/// Installs `client` as the global client that `#[distributed_lock]` functions and [`current_client()`] use.
 /// Call it once at startup; a second call fails with [`LockError::AlreadyInstalled`].
 ///
 /// ```
@@ -291,13 +291,13 @@ pub fn install(client: Client) -> Result<(), LockError> {
     GLOBAL.set(client).map_err(|_| LockError::AlreadyInstalled)
 }
 
-/// The client in scope: the innermost [`with_client`] override, else the installed one, else
-/// [`LockError::NotConfigured`].
+/// The client in scope — the innermost [`with_client`] override, else the installed one, else
+/// [`LockError::NotConfigured`] — as [`current_lock`](crate::current_lock) is the lock in scope.
 ///
 /// ```
-/// assert!(matches!(distlock::client(), Err(distlock::LockError::NotConfigured)));
+/// assert!(matches!(distlock::current_client(), Err(distlock::LockError::NotConfigured)));
 /// ```
-pub fn client() -> Result<Client, LockError> {
+pub fn current_client() -> Result<Client, LockError> {
     SCOPED.try_with(Client::clone).ok().or_else(|| GLOBAL.get().cloned()).ok_or(LockError::NotConfigured)
 }
 
@@ -307,7 +307,7 @@ pub fn client() -> Result<Client, LockError> {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
 /// let client = distlock::Client::builder().memory().key_prefix("test:").build().await?;
-/// let prefix = distlock::with_client(client, async { distlock::client().map(|c| c.record_key("k")) }).await?;
+/// let prefix = distlock::with_client(client, async { distlock::current_client().map(|c| c.record_key("k")) }).await?;
 /// assert_eq!(prefix, "test:{k}");
 /// # Ok(()) }
 /// ```

@@ -80,7 +80,7 @@ pub mod __private {
 mod private;
 mod renewer;
 
-pub use client::{client, install, with_client, Client, ClientBuilder, LockInfo};
+pub use client::{current_client, install, with_client, Client, ClientBuilder, LockInfo};
 pub use distlock_macros::distributed_lock;
 pub use error::{BackendError, LockError};
 pub use guard::{current_lock, LockGuard, ReleaseOutcome};

@@ -56,7 +56,7 @@ const SWEEP_FROM: usize = 1024;
 
 #[derive(Debug)]
 struct Record {
-    /// `None` while kept by `hold_at_least` after release: held, by nobody.
+    /// `None` while kept by `min_hold` after release: held, by nobody.
     token: Option<String>,
     fence: u64,
     metadata: String,
