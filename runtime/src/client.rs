@@ -97,8 +97,17 @@ impl Client {
         self.inner.backend.info(&self.keys(key)).await
     }
 
-    /// Deletes the lock `key` whoever holds it, and wakes its waiters. An operator's tool for a lock known to be
-    /// stuck; the holder finds out at its next renewal and is told the lock was lost. True if a lock was deleted.
+    /// Frees the lock `key` now, whoever holds it: an operator's tool for a lock known to be stuck. True if a
+    /// lock was deleted.
+    ///
+    /// - The lock is free the moment this returns (also one kept by `min_hold`): the next request gets it.
+    /// - Nobody is handed the lock (a queued waiter may have died, and would block the key until its place
+    ///   lapsed). The wait queue is cleared and every waiter that is still alive is woken at once to compete;
+    ///   the first attempt to reach the store wins and the others queue again, in the order they arrive.
+    /// - The holder is not told at once: its next renewal (within a third of its ttl) finds the lock gone, and
+    ///   its guard then reads as lost ([`LockGuard::lost`](crate::LockGuard::lost) resolves, a lock body is
+    ///   dropped with [`LockError::Lost`]). Until then it may still act as the holder: pass fencing tokens to
+    ///   the storage it writes to.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
