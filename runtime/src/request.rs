@@ -180,7 +180,8 @@ impl LockRequest {
         self
     }
 
-    /// How retries are spaced while waiting. Default exponential from 25 ms to 1 s.
+    /// How often a waiting request goes back to the store (see [`RetryStrategy`]: waiters are served by
+    /// hand-over, so this is how often they refresh their place). Default exponential from 25 ms to 1 s.
     pub fn retry(mut self, retry: RetryStrategy) -> Self {
         self.retry = retry;
         self
@@ -210,7 +211,8 @@ impl LockRequest {
     }
 
     /// Stops renewing this long after the lock was acquired, so a body that hangs cannot hold the lock forever:
-    /// the lease then runs out and the lock is lost (the body is dropped unless [`OnLost::Continue`]).
+    /// the lease then runs out and the lock is lost (the body is dropped unless [`OnLost::Continue`]). The
+    /// counterpart of [`min_hold`](LockRequest::min_hold).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
