@@ -8,10 +8,10 @@ pub fn cpu_now() -> Duration {
     cpu_time::ProcessTime::now().as_duration()
 }
 
-/// Linux's USER_HZ: the unit of utime/stime in /proc/<pid>/stat (100 on every mainstream kernel).
+/// Linux's USER_HZ: the unit of utime/stime in `/proc/<pid>/stat` (100 on every mainstream kernel).
 const TICKS_PER_SECOND: f64 = 100.0;
 
-/// Another process's CPU time (user + system) from /proc/<pid>/stat, at 10 ms resolution.
+/// Another process's CPU time (user + system) from `/proc/<pid>/stat`, at 10 ms resolution.
 pub fn process_cpu(pid: u32) -> Duration {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return Duration::ZERO;

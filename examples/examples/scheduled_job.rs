@@ -8,7 +8,7 @@
 //! Three replicas fire the job every 500 ms, each a little late compared with the previous one (their clocks
 //! and schedulers never agree exactly). The job itself takes 30 ms, so a plain lock would be free again by the
 //! time a late replica fires, and that replica would run the job a second time in the same tick.
-//! `hold_at_least = "300ms"` keeps the lock (held by nobody) for 300 ms after it was taken, so the late
+//! `min_hold = "300ms"` keeps the lock (held by nobody) for 300 ms after it was taken, so the late
 //! replicas find it busy and skip the tick. The second phase shows what happens without it.
 
 use std::sync::{Arc, Mutex};
@@ -26,14 +26,14 @@ const SKEW: Duration = Duration::from_millis(60);
 type RunLog = Mutex<Vec<(u32, usize)>>;
 
 /// The job, kept for at least 300 ms after it starts: replicas firing up to 300 ms late skip the tick.
-#[distributed_lock(key = "jobs:cleanup", ttl = "5s", hold_at_least = "300ms")]
+#[distributed_lock(key = "jobs:cleanup", ttl = "5s", min_hold = "300ms")]
 async fn cleanup(replica: usize, tick: u32, log: &RunLog) -> Result<(), LockError> {
     sleep(Duration::from_millis(30)).await; // the actual work
     log.lock().expect("log").push((tick, replica));
     Ok(())
 }
 
-/// The same job without `hold_at_least`, to show why it is needed.
+/// The same job without `min_hold`, to show why it is needed.
 #[distributed_lock(key = "jobs:cleanup-unprotected", ttl = "5s")]
 async fn cleanup_unprotected(replica: usize, tick: u32, log: &RunLog) -> Result<(), LockError> {
     sleep(Duration::from_millis(30)).await;
@@ -96,18 +96,18 @@ async fn main() -> Result<(), LockError> {
         }
     };
 
-    println!("phase 1: with hold_at_least = \"300ms\"");
+    println!("phase 1: with min_hold = \"300ms\"");
     let runs = run_phase(&clients, 5, true).await;
     println!("  runs per tick: {runs:?}");
     let once = runs.iter().all(|&n| n == 1);
     println!("  the job ran exactly once per tick: {}", if once { "yes" } else { "NO" });
 
-    println!("phase 2: the same job without hold_at_least");
+    println!("phase 2: the same job without min_hold");
     let runs = run_phase(&clients, 2, false).await;
     println!("  runs per tick: {runs:?} (late replicas found the lock already released and ran the job again)");
 
     if !once {
-        eprintln!("unexpected: a tick ran more than once with hold_at_least (is the machine very busy?)");
+        eprintln!("unexpected: a tick ran more than once with min_hold (is the machine very busy?)");
         std::process::exit(1);
     }
     Ok(())

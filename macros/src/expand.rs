@@ -26,6 +26,7 @@ use syn::visit_mut::VisitMut;
 use syn::{AttrStyle, Ident, Index, ItemFn, ReturnType, TraitItemFn, Type};
 
 use crate::parse::{parse_args, Args, Key, OnLost};
+use crate::retry::Retry;
 use crate::template::{Placeholder, Segment};
 use crate::validate::{span_in, validate_fn};
 use crate::Errors;
@@ -218,13 +219,23 @@ fn lock_spec(args: &Args, private: &TokenStream, fn_name: &Ident) -> TokenStream
     };
     let ttl = millis(args.ttl_ms);
     let wait = millis(args.wait_ms);
-    let hold_at_least = match args.hold_at_least_ms {
-        Some(ms) => {
-            let duration = millis(ms);
-            quote!(::core::option::Option::Some(#duration))
-        }
+    let optional = |value: Option<TokenStream>| match value {
+        Some(value) => quote!(::core::option::Option::Some(#value)),
         None => quote!(::core::option::Option::None),
     };
+    let retry = optional(args.retry.map(|retry| match retry {
+        Retry::None => quote!(#private::RetryStrategy::None),
+        Retry::Linear { step_ms } => {
+            let step = millis(step_ms);
+            quote!(#private::RetryStrategy::Linear { step: #step })
+        }
+        Retry::Exponential { base_ms, max_ms } => {
+            let (base, max) = (millis(base_ms), millis(max_ms));
+            quote!(#private::RetryStrategy::Exponential { base: #base, max: #max })
+        }
+    }));
+    let min_hold = optional(args.min_hold_ms.map(millis));
+    let max_hold = optional(args.max_hold_ms.map(millis));
     let on_lost = match args.on_lost {
         OnLost::Abort => quote!(#private::OnLost::Abort),
         OnLost::Continue => quote!(#private::OnLost::Continue),
@@ -240,7 +251,9 @@ fn lock_spec(args: &Args, private: &TokenStream, fn_name: &Ident) -> TokenStream
         #private::LockSpec {
             ttl: #ttl,
             wait: #wait,
-            hold_at_least: #hold_at_least,
+            retry: #retry,
+            min_hold: #min_hold,
+            max_hold: #max_hold,
             on_lost: #on_lost,
             metadata: #metadata,
         }
@@ -274,5 +287,43 @@ impl VisitMut for EraseImplTrait {
         } else {
             syn::visit_mut::visit_type_mut(self, ty);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+
+    use super::lock_spec;
+    use crate::parse::parse_args;
+    use crate::Errors;
+
+    fn spec(args: proc_macro2::TokenStream) -> String {
+        let mut errors = Errors::default();
+        let args = parse_args(args, &mut errors);
+        assert!(errors.is_empty(), "{:?}", errors.take());
+        lock_spec(&args, &quote!(p), &syn::parse_quote!(f)).to_string().replace(' ', "")
+    }
+
+    /// Each `retry` form names the runtime's variant with every field; the hold limits are passed as given.
+    #[test]
+    fn retry_and_hold_limits_reach_the_spec() {
+        let some = |inner: &str| format!("::core::option::Option::Some({inner})");
+        let ms = |n: u64| format!("p::Duration::from_millis({n}u64)");
+        let cases = [
+            ("none", "p::RetryStrategy::None".to_owned()),
+            ("linear 100ms", format!("p::RetryStrategy::Linear{{step:{}}}", ms(100))),
+            ("exponential 10ms..1s", format!("p::RetryStrategy::Exponential{{base:{},max:{}}}", ms(10), ms(1000))),
+        ];
+        for (retry, expected) in cases {
+            let spec = spec(quote!(key = "k", retry = #retry));
+            assert!(spec.contains(&format!("retry:{},", some(&expected))), "{retry}: {spec}");
+            assert!(spec.contains("min_hold:::core::option::Option::None,"), "{spec}");
+            assert!(spec.contains("max_hold:::core::option::Option::None,"), "{spec}");
+        }
+        let spec = spec(quote!(key = "k", min_hold = "2s", max_hold = "1m"));
+        assert!(spec.contains("retry:::core::option::Option::None,"), "{spec}");
+        assert!(spec.contains(&format!("min_hold:{},", some(&ms(2000)))), "{spec}");
+        assert!(spec.contains(&format!("max_hold:{},", some(&ms(60_000)))), "{spec}");
     }
 }

@@ -1,11 +1,11 @@
 //! Procedural macros for distlock; use them through the `distlock` crate (`distlock::distributed_lock`).
-//!
-//! The examples in this crate are marked `ignore` because a proc-macro crate cannot run doc tests that use its
-//! own macros; runnable versions live in the docs of the `distlock` re-export.
+
+#![warn(missing_docs, unreachable_pub)]
 
 mod duration;
 mod expand;
 mod parse;
+mod retry;
 mod template;
 mod validate;
 
@@ -13,11 +13,20 @@ use proc_macro::TokenStream;
 
 /// Runs an `async fn` under a distributed lock whose key is built from the function's arguments.
 ///
-/// ```ignore
+/// ```
+/// # #[derive(Debug)] struct AppError(distlock::LockError);
+/// # impl From<distlock::LockError> for AppError { fn from(e: distlock::LockError) -> Self { AppError(e) } }
+/// # #[derive(Debug, PartialEq)] struct Report(u64);
 /// #[distlock::distributed_lock(key = "report:<id>", ttl = "60s", wait = "5s")]
 /// async fn build_report(id: u64) -> Result<Report, AppError> {   // AppError: From<distlock::LockError>
 ///     // runs on at most one process at a time for a given `id`
+///     Ok(Report(id))
 /// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), AppError> {
+/// distlock::install(distlock::Client::builder().memory().build().await?)?; // once, at startup
+/// assert_eq!(build_report(42).await?, Report(42));
+/// # Ok(()) }
 /// ```
 ///
 /// Each call renders the key from its arguments, acquires the lock on the current client (the
@@ -46,9 +55,17 @@ use proc_macro::TokenStream;
 ///   Example: `ttl = "60s"`.
 /// - **`wait`** (default `"0s"`, a single attempt): how long to wait for a busy lock before returning
 ///   `LockError::NotObtained`. Example: `wait = "5s"`.
-/// - **`hold_at_least`** (default: none): keep the lock at least this long after it was acquired, even when
+/// - **`retry`** (default `"exponential 25ms..1s"`): how often a waiting call goes back to the store
+///   (`distlock::RetryStrategy`; a release hands the lock to the longest waiter at once regardless).
+///   `"none"` (a single attempt; `wait` is then a compile error), `"linear <step>"`, or
+///   `"exponential <base>..<max>"` (the first delay, doubled each time up to the longest); delays above zero.
+///   Example: `retry = "linear 100ms"`.
+/// - **`min_hold`** (default: none): keep the lock at least this long after it was acquired, even when
 ///   the body finishes sooner, so that replicas whose clocks or schedules differ slightly do not run the same
-///   job twice. Example: `hold_at_least = "30s"`.
+///   job twice. Example: `min_hold = "30s"`.
+/// - **`max_hold`** (default: none): stop renewing this long after the lock was acquired, so a body that hangs
+///   cannot hold the lock forever: the lease then runs out, the lock is lost and (with `on_lost = "abort"`)
+///   the call returns `LockError::Lost`. Above zero. Example: `max_hold = "10m"`.
 /// - **`on_lost`** (default `"abort"`): what happens when the lock is lost while the body runs (renewal failed
 ///   or the record disappeared). `"abort"` drops the body future and returns `LockError::Lost`; `"continue"`
 ///   lets the body finish without the lock. Example: `on_lost = "continue"`.
@@ -82,25 +99,42 @@ use proc_macro::TokenStream;
 ///
 /// # More examples
 ///
-/// ```ignore
+/// ```
 /// use distlock::distributed_lock;
 ///
 /// struct Reports { tenant: String }
 ///
 /// impl Reports {
-///     // A field of `self` and a parameter; wait up to 5 s for a busy lock.
-///     #[distributed_lock(key = "tenant:<self.tenant>:report:<id>", wait = "5s")]
+///     // A field of `self` and a parameter; wait up to 5 s for a busy lock, going back every 100 ms.
+///     #[distributed_lock(key = "tenant:<self.tenant>:report:<id>", wait = "5s", retry = "linear 100ms")]
 ///     async fn build(&self, id: u64) -> Result<String, distlock::LockError> {
+///         let lock = distlock::current_lock().expect("inside the lock body");
+///         assert_eq!(lock.key(), format!("tenant:{}:report:{id}", self.tenant));
 ///         Ok(format!("report {id} for {}", self.tenant))
 ///     }
 /// }
 ///
 /// // A scheduled job that runs once per tick across replicas: skipped when another replica holds the lock,
-/// // and the lock is kept for 50 s even when the job takes 1 s.
-/// #[distributed_lock(key = "jobs:nightly-cleanup", ttl = "2m", hold_at_least = "50s")]
+/// // the lock kept for 50 s even when the job takes 1 s, and never held past 10 minutes.
+/// #[distributed_lock(key = "jobs:nightly-cleanup", ttl = "2m", min_hold = "50s", max_hold = "10m")]
 /// async fn nightly_cleanup() -> Result<(), distlock::LockError> {
 ///     Ok(())
 /// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+/// // A client in scope for one future (tests, or one client per tenant) instead of `install`.
+/// let client = distlock::Client::builder().memory().build().await?;
+/// let reports = Reports { tenant: "acme".into() };
+/// distlock::with_client(client.clone(), async {
+///     assert_eq!(reports.build(7).await?, "report 7 for acme");
+///     nightly_cleanup().await?;
+///     // Another replica's tick, moments later: the lock is kept for `min_hold`, so it is skipped.
+///     let skipped = nightly_cleanup().await;
+///     assert!(matches!(skipped, Err(distlock::LockError::NotObtained { .. })));
+///     Ok::<_, distlock::LockError>(())
+/// })
+/// .await
+/// # }
 /// ```
 #[proc_macro_attribute]
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {

@@ -1,4 +1,5 @@
-//! Parsing of the attribute's arguments: `key`, `ttl`, `wait`, `hold_at_least`, `on_lost`, `metadata`, `crate`.
+//! Parsing of the attribute's arguments: `key`, `ttl`, `wait`, `retry`, `min_hold`, `max_hold`, `on_lost`,
+//! `metadata`, `crate`.
 //!
 //! Syntax errors (a missing `=` or comma) stop parsing; every other problem (unknown, duplicate or missing
 //! argument, bad value) is collected so that all of them are reported together.
@@ -10,6 +11,7 @@ use syn::punctuated::Punctuated;
 use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path, Token};
 
 use crate::duration::parse_duration;
+use crate::retry::{parse_retry, Retry};
 use crate::template::{parse_template_lenient, Template};
 use crate::validate::closest;
 use crate::Errors;
@@ -25,7 +27,7 @@ const MIN_TTL_MS: u64 = 100;
 const MAX_TTL_MS: u64 = i64::MAX as u64 / 4;
 
 /// Every argument the attribute accepts, in the order the docs list them.
-const KNOWN: &[&str] = &["key", "ttl", "wait", "hold_at_least", "on_lost", "metadata", "crate"];
+const KNOWN: &[&str] = &["key", "ttl", "wait", "retry", "min_hold", "max_hold", "on_lost", "metadata", "crate"];
 
 /// What to do when the lock is lost while the body runs (`on_lost = "abort" | "continue"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,8 +57,12 @@ pub(crate) struct Args {
     pub(crate) ttl_ms: u64,
     /// How long to wait for a busy lock, in milliseconds.
     pub(crate) wait_ms: u64,
-    /// Minimum time the lock stays held after the call started, in milliseconds.
-    pub(crate) hold_at_least_ms: Option<u64>,
+    /// How retries are spaced while waiting; `None` for the runtime's default.
+    pub(crate) retry: Option<Retry>,
+    /// Minimum time the lock stays held after it was acquired, in milliseconds.
+    pub(crate) min_hold_ms: Option<u64>,
+    /// Time after which renewals stop, in milliseconds.
+    pub(crate) max_hold_ms: Option<u64>,
     /// Behaviour when the lock is lost.
     pub(crate) on_lost: OnLost,
     /// Explicit metadata, or `None` for `module_path::fn_name`.
@@ -120,7 +126,10 @@ pub(crate) fn parse_args(tokens: proc_macro2::TokenStream, errors: &mut Errors) 
     let mut key = None;
     let mut ttl_ms = None;
     let mut wait_ms = None;
-    let mut hold_at_least_ms = None;
+    let mut retry = None;
+    let mut min_hold_ms = None;
+    let mut max_hold_ms = None;
+    let mut wait_lit = None;
     let mut on_lost = None;
     let mut metadata = None;
     let mut krate = None;
@@ -170,8 +179,36 @@ pub(crate) fn parse_args(tokens: proc_macro2::TokenStream, errors: &mut Errors) 
                     ));
                 }
             }
-            "wait" => wait_ms = duration(&name_str, &lit, errors),
-            "hold_at_least" => hold_at_least_ms = duration(&name_str, &lit, errors),
+            "wait" => {
+                wait_ms = duration(&name_str, &lit, errors);
+                wait_lit = Some(lit);
+            }
+            "retry" => match parse_retry(&lit.value()) {
+                Ok(parsed) => retry = Some(parsed),
+                Err(e) => errors.push(syn::Error::new(
+                    crate::validate::span_in(&lit, e.range),
+                    format!("invalid `retry`: {}", e.message),
+                )),
+            },
+            "min_hold" => {
+                min_hold_ms = duration(&name_str, &lit, errors);
+                if min_hold_ms.is_some_and(|ms| ms > MAX_TTL_MS) {
+                    errors.push(syn::Error::new(
+                        lit.span(),
+                        format!("invalid `min_hold`: it must be at most {MAX_TTL_MS}ms, what Redis can store"),
+                    ));
+                }
+            }
+            "max_hold" => {
+                max_hold_ms = duration(&name_str, &lit, errors);
+                if max_hold_ms == Some(0) {
+                    errors.push(syn::Error::new(
+                        lit.span(),
+                        "invalid `max_hold`: it must be greater than zero (it is how long after acquiring the \
+                         lock renewals stop, so that a hung body cannot hold it forever)",
+                    ));
+                }
+            }
             "on_lost" => match lit.value().as_str() {
                 "abort" => on_lost = Some(OnLost::Abort),
                 "continue" => on_lost = Some(OnLost::Continue),
@@ -191,6 +228,15 @@ pub(crate) fn parse_args(tokens: proc_macro2::TokenStream, errors: &mut Errors) 
         }
     }
 
+    if let (Some(Retry::None), Some(wait)) = (retry, &wait_lit) {
+        if wait_ms.is_some_and(|ms| ms > 0) {
+            errors.push(syn::Error::new(
+                wait.span(),
+                "`wait` has no effect with `retry = \"none\"`, which makes a single attempt; remove `wait`, or \
+                 choose a retry strategy such as `retry = \"linear 100ms\"` to wait",
+            ));
+        }
+    }
     // After a syntax error the arguments were not read, so `key` may well be there.
     if syntax_ok && !seen.iter().any(|s| s == "key") {
         errors.push(syn::Error::new(
@@ -202,7 +248,9 @@ pub(crate) fn parse_args(tokens: proc_macro2::TokenStream, errors: &mut Errors) 
         key,
         ttl_ms: ttl_ms.unwrap_or(DEFAULT_TTL_MS),
         wait_ms: wait_ms.unwrap_or(DEFAULT_WAIT_MS),
-        hold_at_least_ms,
+        retry,
+        min_hold_ms,
+        max_hold_ms,
         on_lost: on_lost.unwrap_or(OnLost::Abort),
         metadata,
         krate,
@@ -220,10 +268,13 @@ fn string_literal(name: &str, value: &Expr, errors: &mut Errors) -> Option<LitSt
         "key" => "`key` must be a string literal such as \"report:<id>\": the template is checked at compile time; \
                   put parameters in it as `<name>` placeholders instead of formatting the key yourself"
             .to_owned(),
-        "ttl" | "wait" | "hold_at_least" => {
+        "ttl" | "wait" | "min_hold" | "max_hold" => {
             format!("`{name}` must be a string literal duration such as \"500ms\", \"5s\", \"2m\", \"1h\" or \"1m30s\"")
         }
         "on_lost" => "`on_lost` must be the string literal \"abort\" or \"continue\"".to_owned(),
+        "retry" => {
+            "`retry` must be a string literal such as \"none\", \"linear 100ms\" or \"exponential 25ms..1s\"".to_owned()
+        }
         "metadata" => "`metadata` must be a string literal".to_owned(),
         _ => "`crate` must be a string literal path, such as \"distlock\"".to_owned(),
     };

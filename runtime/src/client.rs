@@ -97,8 +97,17 @@ impl Client {
         self.inner.backend.info(&self.keys(key)).await
     }
 
-    /// Deletes the lock `key` whoever holds it, and wakes its waiters. An operator's tool for a lock known to be
-    /// stuck; the holder finds out at its next renewal and is told the lock was lost. True if a lock was deleted.
+    /// Frees the lock `key` now, whoever holds it: an operator's tool for a lock known to be stuck. True if a
+    /// lock was deleted.
+    ///
+    /// - The lock is free the moment this returns (also one kept by `min_hold`): the next request gets it.
+    /// - Nobody is handed the lock (a queued waiter may have died, and would block the key until its place
+    ///   lapsed). The wait queue is cleared and every waiter that is still alive is woken at once to compete;
+    ///   the first attempt to reach the store wins and the others queue again, in the order they arrive.
+    /// - The holder is not told at once: its next renewal (within a third of its ttl) finds the lock gone, and
+    ///   its guard then reads as lost ([`LockGuard::lost`](crate::LockGuard::lost) resolves, a lock body is
+    ///   dropped with [`LockError::Lost`]). Until then it may still act as the holder: pass fencing tokens to
+    ///   the storage it writes to.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
@@ -331,7 +340,7 @@ tokio::task_local! {
     static SCOPED: Client;
 }
 
-/// Installs `client` as the global client that `#[distributed_lock]` functions and [`client()`] use.
+/// Installs `client` as the global client that `#[distributed_lock]` functions and [`current_client()`] use.
 /// Call it once at startup; a second call fails with [`LockError::AlreadyInstalled`].
 ///
 /// ```
@@ -345,13 +354,13 @@ pub fn install(client: Client) -> Result<(), LockError> {
     GLOBAL.set(client).map_err(|_| LockError::AlreadyInstalled)
 }
 
-/// The client in scope: the innermost [`with_client`] override, else the installed one, else
-/// [`LockError::NotConfigured`].
+/// The client in scope — the innermost [`with_client`] override, else the installed one, else
+/// [`LockError::NotConfigured`] — as [`current_lock`](crate::current_lock) is the lock in scope.
 ///
 /// ```
-/// assert!(matches!(distlock::client(), Err(distlock::LockError::NotConfigured)));
+/// assert!(matches!(distlock::current_client(), Err(distlock::LockError::NotConfigured)));
 /// ```
-pub fn client() -> Result<Client, LockError> {
+pub fn current_client() -> Result<Client, LockError> {
     SCOPED.try_with(Client::clone).ok().or_else(|| GLOBAL.get().cloned()).ok_or(LockError::NotConfigured)
 }
 
@@ -366,7 +375,7 @@ pub fn client() -> Result<Client, LockError> {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
 /// let client = distlock::Client::builder().memory().key_prefix("test:").build().await?;
-/// let prefix = distlock::with_client(client, async { distlock::client().map(|c| c.record_key("k")) }).await?;
+/// let prefix = distlock::with_client(client, async { distlock::current_client().map(|c| c.record_key("k")) }).await?;
 /// assert_eq!(prefix, "test:{k}");
 /// # Ok(()) }
 /// ```

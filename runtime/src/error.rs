@@ -30,7 +30,7 @@ pub enum LockError {
     NotConfigured,
     /// [`install`](crate::install) was called a second time.
     #[error(
-        "a distlock client is already installed; install it once at startup and clone `distlock::client()` elsewhere"
+        "a distlock client is already installed; install it once at startup and clone `distlock::current_client()` elsewhere"
     )]
     AlreadyInstalled,
     /// Another holder kept the lock for the whole wait. More fields may come: match with `..`.

@@ -60,7 +60,7 @@ impl Lease {
 /// Bounds on how long a grant is held, from the request.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct HoldLimits {
-    pub(crate) hold_at_least: Option<Duration>,
+    pub(crate) min_hold: Option<Duration>,
     pub(crate) max_hold: Option<Duration>,
 }
 
@@ -77,7 +77,7 @@ pub(crate) struct Grant {
     pub(crate) token: LockToken,
     pub(crate) fence: u64,
     pub(crate) acquired_at: Instant,
-    pub(crate) hold_at_least: Option<Duration>,
+    pub(crate) min_hold: Option<Duration>,
     /// With `max_hold`: no renewal is sent after this instant.
     pub(crate) max_hold_until: Option<Instant>,
     /// Mutex plus Notify rather than a watch channel: a held lock should cost as little memory as possible.
@@ -109,10 +109,10 @@ impl Grant {
             keys,
             token,
             fence,
-            // When the grant's reply arrived: no earlier than the server's grant, so `hold_at_least` keeps
+            // When the grant's reply arrived: no earlier than the server's grant, so `min_hold` keeps
             // the lock at least that long.
             acquired_at: Instant::now(),
-            hold_at_least: limits.hold_at_least,
+            min_hold: limits.min_hold,
             max_hold_until: limits.max_hold.and_then(|m| Instant::now().checked_add(m)),
             lease: Mutex::new(lease),
             lease_changed: Notify::new(),
@@ -139,6 +139,12 @@ impl Grant {
     /// validity on the monotonic clock.
     pub(crate) fn is_lost(&self) -> bool {
         self.is_finished() || self.lease().is_lost()
+    }
+
+    /// The instant [`is_lost`](Grant::is_lost) compares with: `valid_until`, which losing or finishing the
+    /// grant pulls back to that moment at the latest.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.lease().valid_until
     }
 
     /// Resolves when [`is_lost`](Grant::is_lost) turns true.
@@ -186,6 +192,7 @@ impl Grant {
             let changed = newly || (gone && !l.gone);
             l.lost = true;
             l.gone |= gone;
+            l.valid_until = l.valid_until.min(Instant::now());
             changed
         });
         if newly && !self.is_finished() {
@@ -222,7 +229,13 @@ impl Grant {
         // State first: a schedule racing with this either sees FINISHED or is undone by the cancel.
         let in_flight = self.state.fetch_or(FINISHED, Ordering::AcqRel) & RENEWING != 0;
         self.client.inner.renewer.cancel(self);
-        self.lease_changed.notify_waiters();
+        // A finished grant reads as lost, its deadline now at the latest; a renewal still in flight cannot
+        // move it (renewals apply only to leases not lost).
+        self.update_lease(|l| {
+            l.lost = true;
+            l.valid_until = l.valid_until.min(Instant::now());
+            true
+        });
         in_flight
     }
 
@@ -254,9 +267,9 @@ impl Grant {
         self.client.inner.backend.release(&self.keys, &self.token, keep).await
     }
 
-    /// How long the record should outlive the release, for `hold_at_least`.
+    /// How long the record should outlive the release, for `min_hold`.
     fn keep_after_release(&self) -> Option<Duration> {
-        self.hold_at_least.and_then(|h| h.checked_sub(self.acquired_at.elapsed())).filter(|k| !k.is_zero())
+        self.min_hold.and_then(|h| h.checked_sub(self.acquired_at.elapsed())).filter(|k| !k.is_zero())
     }
 }
 

@@ -13,17 +13,21 @@ use crate::{LockError, LockToken};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ReleaseOutcome {
-    /// The lock was ours and is now free (or, with `hold_at_least`, kept by nobody until that time is up).
+    /// The lock was ours and is now free (or, with `min_hold`, kept by nobody until that time is up).
     Released,
     /// There was no lock to release: the lease had run out (or it was force-unlocked). Another owner may have
     /// held it in between.
     Expired,
     /// Another owner holds the lock now; it was left alone.
     TakenByOther,
+    /// Nothing was sent: the guard was nested, taken inside a lock body that already held the key (a reentrant
+    /// request, or [`current_lock`]). The hold belongs to the outer body, which renews it and releases it when
+    /// it ends; it is still in place.
+    Nested,
 }
 
-/// A held lock. Dropping it stops the watchdog and releases the lock in the background; [`release`]
-/// (LockGuard::release) does the same and reports what it found.
+/// A held lock. Dropping it stops the watchdog and releases the lock in the background;
+/// [`release`](LockGuard::release) does the same and reports what it found.
 ///
 /// While the guard lives, the client's watchdog renews the lease every `ttl / 3`. If a renewal finds the lock taken, or
 /// none succeeds before the lease would run out, the lock is *lost*: [`is_lost`](LockGuard::is_lost) turns true
@@ -99,6 +103,31 @@ impl LockGuard {
     /// monotonic clock on every call; once true, it stays true.
     pub fn is_lost(&self) -> bool {
         self.grant.is_lost()
+    }
+
+    /// The local instant after which the lock must be treated as lost: the end of the lease as this process
+    /// knows it, which [`is_lost`](LockGuard::is_lost) compares with [`Instant::now`]. It never lies past the
+    /// server's expiry of the grant (it counts from before the request was sent, minus a drift allowance), and
+    /// moves later with every renewal or [`extend`](LockGuard::extend). Once the lock is known lost it is no
+    /// later than the moment that became known.
+    ///
+    /// For work that is not fenced: do not start a step that could not finish before it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// # let client = distlock::Client::builder().memory().build().await?;
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// let guard = client.lock("job").ttl(Duration::from_secs(10)).acquire().await?;
+    /// let step = Duration::from_secs(2);
+    /// if Instant::now() + step < guard.deadline() {
+    ///     // time enough for one more step of unfenced work
+    /// }
+    /// assert!(guard.deadline() <= Instant::now() + Duration::from_secs(10));
+    /// # Ok(()) }
+    /// ```
+    pub fn deadline(&self) -> Instant {
+        self.grant.deadline()
     }
 
     /// Resolves when the lock is known lost (see [`is_lost`](LockGuard::is_lost)); pending while it is held.
@@ -179,11 +208,26 @@ impl LockGuard {
     /// Stops the watchdog and gives the lock back, saying whether it was still ours. A guard the server said
     /// lost sends nothing and reports `Expired`; one lost by the clock alone (its renewals failed) may still
     /// hold the lock on the server, and sends the release, which acts only on this guard's own grant. A nested
-    /// guard (taken inside a lock body that already holds the key) leaves the outer hold in place and reports
-    /// `Released`.
+    /// guard (taken inside a lock body that already holds the key) sends nothing, leaves the outer hold in
+    /// place and reports [`ReleaseOutcome::Nested`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// # let client = distlock::Client::builder().memory().build().await?;
+    /// use distlock::ReleaseOutcome;
+    /// let c = client.clone();
+    /// client.lock("job").run(async move {
+    ///     let nested = c.lock("job").acquire().await?; // the body holds "job" already
+    ///     assert_eq!(nested.release().await?, ReleaseOutcome::Nested);
+    ///     assert!(c.lock_info("job").await?.is_some(), "still held by the outer body");
+    ///     Ok::<_, distlock::LockError>(())
+    /// }).await??;
+    /// assert_eq!(client.lock("job").acquire().await?.release().await?, ReleaseOutcome::Released);
+    /// # Ok(()) }
+    /// ```
     pub async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
-        if self.released {
-            return Ok(ReleaseOutcome::Released);
+        if self.nested {
+            return Ok(ReleaseOutcome::Nested);
         }
         // `released` is set only once the release is done: if this future is dropped on the way, the guard's
         // Drop releases in the background instead.
@@ -195,7 +239,8 @@ impl LockGuard {
 
 /// The lock held by the lock body running now — the innermost [`LockRequest::run`](crate::LockRequest::run) or
 /// `#[distributed_lock]` function around this call — as a nested guard: read its key and fencing token, watch
-/// for its loss, extend it. Dropping or releasing it leaves the hold in place. `None` outside a lock body
+/// for its loss, extend it, see its [`deadline`](LockGuard::deadline). Dropping it leaves the hold in place,
+/// and releasing it too, reporting [`ReleaseOutcome::Nested`]. `None` outside a lock body
 /// (including in tasks spawned from one: they are not owners).
 ///
 /// ```
@@ -239,5 +284,52 @@ impl Drop for LockGuard {
                 tracing::warn!(key = %grant.keys.name, "distlock: guard dropped outside a tokio runtime; the lock frees when its lease runs out");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use crate::{Client, ReleaseOutcome};
+
+    /// `deadline()` is where `is_lost()` turns true: inside the lease counted from before the request, later
+    /// after an extend, and no later than the moment the loss became known.
+    #[tokio::test(start_paused = true)]
+    async fn deadline_is_the_instant_is_lost_uses() {
+        let client = Client::builder().memory().build().await.expect("memory");
+        let ttl = Duration::from_secs(10);
+        let before = Instant::now();
+        let guard = client.lock("k").ttl(ttl).acquire().await.expect("free");
+        let deadline = guard.deadline();
+        assert!(deadline <= before + ttl, "past the lease: {:?}", deadline - before);
+        assert!(deadline >= before + ttl - crate::grant::drift(ttl));
+
+        tokio::time::advance(Duration::from_secs(1)).await;
+        guard.extend(Duration::from_secs(30)).await.expect("extend");
+        assert!(guard.deadline() >= deadline + Duration::from_secs(20), "extend moved it later");
+
+        assert!(client.force_unlock("k").await.expect("force_unlock"));
+        guard.lost().await; // the next renewal finds the lock gone
+        let noticed = Instant::now();
+        assert!(guard.is_lost());
+        assert!(guard.deadline() <= noticed, "a lost guard's deadline lies after the loss was known");
+        assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Expired);
+    }
+
+    /// A guard lost by the clock alone: `is_lost()` turns true exactly at `deadline()`.
+    #[tokio::test(start_paused = true)]
+    async fn is_lost_turns_at_the_deadline() {
+        let client = Client::builder().memory().build().await.expect("memory");
+        let guard = client.lock("k").ttl(Duration::from_secs(3)).max_hold(Duration::from_millis(1)).acquire().await;
+        let guard = guard.expect("free");
+        let deadline = guard.deadline();
+        tokio::time::sleep_until(deadline - Duration::from_millis(1)).await;
+        assert!(!guard.is_lost(), "lost before its deadline");
+        assert_eq!(guard.deadline(), deadline, "max_hold: no renewal moved it");
+        tokio::time::sleep_until(deadline).await;
+        assert!(guard.is_lost(), "held past its deadline");
     }
 }

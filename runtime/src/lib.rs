@@ -56,11 +56,19 @@
 //! Liveness: a crashed holder's lock frees within `ttl` of its last renewal; release happens on return,
 //! error, panic or cancellation without blocking the runtime; every Redis call has connect and response
 //! timeouts; [`LockRequest::max_hold`] caps renewals; connections recover after resets and restarts;
-//! waiters are served in arrival order, and retries are jittered.
+//! waiters are served in arrival order, and retries are jittered; [`Client::force_unlock`] frees a stuck lock
+//! at once for the live waiters, never handing it to one that may have died.
 //!
 //! Not guaranteed: mutual exclusion across process pauses longer than the lease without fencing (pass
 //! [`LockGuard::fencing_token`] to the storage and have it reject older tokens), across failover with
 //! asynchronous replication, or across server restarts without persistence; nor under server clock jumps.
+
+#![warn(missing_docs, unreachable_pub)]
+
+/// The README, whose code blocks (the Tour among them) run as doc tests, so it cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
 
 mod acquire;
 mod backend;
@@ -82,7 +90,7 @@ pub mod __private {
 mod private;
 mod renewer;
 
-pub use client::{client, install, with_client, Client, ClientBuilder, LockInfo};
+pub use client::{current_client, install, with_client, Client, ClientBuilder, LockInfo};
 pub use distlock_macros::distributed_lock;
 pub use error::{BackendError, LockError};
 pub use guard::{current_lock, LockGuard, ReleaseOutcome};

@@ -6,7 +6,7 @@ pub use core::future::Future;
 pub use core::result::Result;
 pub use core::time::Duration;
 
-pub use crate::{LockError, OnLost};
+pub use crate::{LockError, OnLost, RetryStrategy};
 
 /// The settings of one annotated function, built by the macro in a `static`.
 #[derive(Debug)]
@@ -15,8 +15,12 @@ pub struct LockSpec {
     pub ttl: Duration,
     /// How long to wait while busy.
     pub wait: Duration,
+    /// How retries are spaced; `None` for the default.
+    pub retry: Option<RetryStrategy>,
     /// Minimum hold, if any.
-    pub hold_at_least: Option<Duration>,
+    pub min_hold: Option<Duration>,
+    /// Maximum hold, if any.
+    pub max_hold: Option<Duration>,
     /// What to do when the lock is lost under the body.
     pub on_lost: OnLost,
     /// Stored with the lock; by default the function's path.
@@ -88,18 +92,21 @@ where
     R: LockedReturn,
     F: Future<Output = R>,
 {
-    let client = match crate::client() {
+    let client = match crate::current_client() {
         Ok(client) => client,
         Err(e) => return R::from_result(Err(e.into())),
     };
     let mut request = client.lock(key).ttl(spec.ttl).wait(spec.wait).metadata(spec.metadata).on_lost(spec.on_lost);
-    if let Some(hold) = spec.hold_at_least {
-        request = request.hold_at_least(hold);
+    if let Some(retry) = spec.retry {
+        request = request.retry(retry);
     }
-    match request.run(body).await {
-        Ok(output) => output,
-        Err(e) => R::from_result(Err(e.into())),
+    if let Some(hold) = spec.min_hold {
+        request = request.min_hold(hold);
     }
+    if let Some(max) = spec.max_hold {
+        request = request.max_hold(max);
+    }
+    R::from_result(request.try_run(async { body.await.into_result() }).await)
 }
 
 /// The return types an annotated function may have: a `Result` whose error converts from [`LockError`].

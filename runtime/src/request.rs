@@ -14,9 +14,20 @@ const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 4);
 /// Keys longer than this are almost surely a bug (a whole document rendered into a key).
 const MAX_KEY_BYTES: usize = 1024;
 
-/// How a waiting request spaces its retries when no release announcement arrives. Every delay is jittered
-/// (between half and all of it) and never longer than the holder's remaining lease, so a crashed holder's
-/// expiry is noticed at once; a release announcement wakes the waiter regardless.
+/// How often a waiting request goes back to the store while the lock is busy — not how it gets the lock.
+///
+/// A waiter does not have to retry to be served: it queues, and the release that frees the lock hands it
+/// straight to the longest live waiter and tells that waiter at once. What the strategy spaces is the
+/// waiter's *refreshes*: each one keeps its place in the queue (a place not refreshed for three intervals is
+/// dropped, so a waiter that died leaves the queue, and a hand-over made to it just before lasts no longer)
+/// and is also an attempt, which notices a holder that crashed once its lease has run out. Every delay is
+/// jittered (between half and all of it), at most a third of the request's `ttl` and never longer than the
+/// holder's remaining lease. Shorter delays: a dead waiter blocks the line for less time, for more calls.
+/// On a store that announces nothing, the strategy is the polling schedule. [`RetryStrategy::None`] means a
+/// single attempt: no waiting at all.
+///
+/// Each variant is also an argument of the attribute: `retry = "none"`, `retry = "linear 100ms"`,
+/// `retry = "exponential 25ms..1s"`.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
@@ -35,12 +46,12 @@ const MAX_KEY_BYTES: usize = 1024;
 pub enum RetryStrategy {
     /// One attempt; `wait` is not used.
     None,
-    /// Retry every `step`.
+    /// Go back every `step` (above zero).
     Linear {
         /// The delay between attempts.
         step: Duration,
     },
-    /// Retry after `base`, then twice as long each time, up to `max`.
+    /// Go back after `base`, then twice as long each time, up to `max` (`0 < base <= max`).
     Exponential {
         /// The first delay.
         base: Duration,
@@ -56,6 +67,22 @@ impl Default for RetryStrategy {
 }
 
 impl RetryStrategy {
+    /// Why this strategy cannot be used, if it cannot: a zero delay would make a waiter hammer the store.
+    fn problem(&self) -> Option<String> {
+        match *self {
+            Self::None => None,
+            Self::Linear { step } if step.is_zero() => Some("RetryStrategy::Linear needs a step above zero".into()),
+            Self::Linear { .. } => None,
+            Self::Exponential { base, .. } if base.is_zero() => {
+                Some("RetryStrategy::Exponential needs a base above zero".into())
+            }
+            Self::Exponential { base, max } if base > max => {
+                Some(format!("RetryStrategy::Exponential's base {base:?} is above its max {max:?}"))
+            }
+            Self::Exponential { .. } => None,
+        }
+    }
+
     /// The jittered delay before retry number `attempt` (1-based); `None` for no retry.
     pub(crate) fn delay(&self, attempt: u32) -> Option<Duration> {
         let full = match *self {
@@ -99,6 +126,14 @@ pub enum OnLost {
 /// assert_eq!(total, 4);
 /// # Ok(()) }
 /// ```
+///
+/// # Nested requests
+///
+/// A request for a key that the lock body being polled already holds (through the same client) is
+/// *nested*: it succeeds at once with the outer grant, whatever the key's state on the server. None of its
+/// own settings apply — not its `ttl`, `wait`, `retry`, `metadata`, `min_hold`, `max_hold` nor `on_lost`:
+/// the outer request's govern the one hold. Its guard neither renews nor releases;
+/// [`release`](LockGuard::release) reports [`ReleaseOutcome::Nested`], and a nested `run` just runs its body.
 #[derive(Debug, Clone)]
 #[must_use = "a lock request does nothing until acquired or run"]
 pub struct LockRequest {
@@ -149,7 +184,8 @@ impl LockRequest {
         self
     }
 
-    /// How retries are spaced while waiting. Default exponential from 25 ms to 1 s.
+    /// How often a waiting request goes back to the store (see [`RetryStrategy`]: waiters are served by
+    /// hand-over, so this is how often they refresh their place). Default exponential from 25 ms to 1 s.
     pub fn retry(mut self, retry: RetryStrategy) -> Self {
         self.retry = retry;
         self
@@ -162,14 +198,25 @@ impl LockRequest {
     }
 
     /// Keeps the lock (held by nobody) until at least this long after it was acquired, even when released
-    /// sooner: a job that must run once per period across replicas whose clocks differ slightly.
-    pub fn hold_at_least(mut self, hold: Duration) -> Self {
-        self.limits.hold_at_least = Some(hold);
+    /// sooner: a job that must run once per period across replicas whose clocks differ slightly. The
+    /// counterpart of [`max_hold`](LockRequest::max_hold).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// # let client = distlock::Client::builder().memory().build().await?;
+    /// use std::time::Duration;
+    /// client.lock("nightly").min_hold(Duration::from_secs(50)).run(async { /* a 1 s job */ }).await?;
+    /// assert!(client.lock("nightly").try_acquire().await?.is_none(), "kept after the job ended");
+    /// # Ok(()) }
+    /// ```
+    pub fn min_hold(mut self, hold: Duration) -> Self {
+        self.limits.min_hold = Some(hold);
         self
     }
 
     /// Stops renewing this long after the lock was acquired, so a body that hangs cannot hold the lock forever:
-    /// the lease then runs out and the lock is lost (the body is dropped unless [`OnLost::Continue`]).
+    /// the lease then runs out and the lock is lost (the body is dropped unless [`OnLost::Continue`]). The
+    /// counterpart of [`min_hold`](LockRequest::min_hold).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
@@ -191,11 +238,14 @@ impl LockRequest {
     fn check(&self) -> Result<(), LockError> {
         check_key(&self.key)?;
         check_ttl(self.ttl)?;
-        if self.limits.hold_at_least.is_some_and(|hold| hold > MAX_TTL) {
-            return Err(LockError::InvalidConfig("hold_at_least is above what Redis can store".into()));
+        if self.limits.min_hold.is_some_and(|hold| hold > MAX_TTL) {
+            return Err(LockError::InvalidConfig("min_hold is above what Redis can store".into()));
         }
         if self.limits.max_hold.is_some_and(|max| max.is_zero()) {
             return Err(LockError::InvalidConfig("max_hold must be above zero".into()));
+        }
+        if let Some(problem) = self.retry.problem() {
+            return Err(LockError::InvalidConfig(problem));
         }
         Ok(())
     }
@@ -203,7 +253,8 @@ impl LockRequest {
     /// Takes the lock, waiting up to `wait` while it is busy; [`LockError::NotObtained`] when the wait runs out.
     ///
     /// Inside a [`run`](LockRequest::run) body that holds this key (through the same client) it succeeds at
-    /// once with a nested guard that shares the outer grant and leaves the outer hold in place.
+    /// once with a nested guard that shares the outer grant and leaves the outer hold in place: see
+    /// [Nested requests](LockRequest#nested-requests).
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         self.check()?;
         if let Some(grant) = held::find(&self.client, &self.key) {
@@ -235,8 +286,8 @@ impl LockRequest {
     /// the body runs, the body is dropped and the result is [`LockError::Lost`] (unless
     /// [`on_lost`](LockRequest::on_lost) says [`OnLost::Continue`]). The body never runs without the lock.
     ///
-    /// Inside `body`, requests for the same key through the same client are reentrant; other futures and
-    /// spawned tasks are not owners.
+    /// Inside `body`, requests for the same key through the same client are reentrant (see
+    /// [Nested requests](LockRequest#nested-requests)); other futures and spawned tasks are not owners.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
@@ -289,6 +340,35 @@ impl LockRequest {
         }
         Ok(output)
     }
+
+    /// [`run`](LockRequest::run) for a body that returns a `Result` whose error converts from [`LockError`],
+    /// as a `#[distributed_lock]` function does: a lock failure comes back as `Err(E::from(lock_error))` beside
+    /// the body's own errors, not as a nested `Result`.
+    ///
+    /// ```
+    /// #[derive(Debug)]
+    /// enum AppError { Lock(distlock::LockError), Parse(std::num::ParseIntError) }
+    /// impl From<distlock::LockError> for AppError {
+    ///     fn from(e: distlock::LockError) -> Self { AppError::Lock(e) }
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), AppError> {
+    /// # let client = distlock::Client::builder().memory().build().await?;
+    /// let n: u32 = client.lock("import").try_run(async { "42".parse().map_err(AppError::Parse) }).await?;
+    /// assert_eq!(n, 42);
+    ///
+    /// let _held = client.lock("import").acquire().await?;
+    /// let busy = client.lock("import").try_run(async { Ok::<_, AppError>(()) }).await;
+    /// assert!(matches!(busy, Err(AppError::Lock(distlock::LockError::NotObtained { .. }))));
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_run<F, T, E>(self, body: F) -> Result<T, E>
+    where
+        F: Future<Output = Result<T, E>>,
+        E: From<LockError>,
+    {
+        self.run(body).await.unwrap_or_else(|e| Err(e.into()))
+    }
 }
 
 pub(crate) fn check_ttl(ttl: Duration) -> Result<(), LockError> {
@@ -320,6 +400,55 @@ mod tests {
     use std::time::Duration;
 
     use super::RetryStrategy;
+    use crate::{Client, LockError};
+
+    #[derive(Debug)]
+    enum AppError {
+        Lock(LockError),
+        Body(&'static str),
+    }
+
+    impl From<LockError> for AppError {
+        fn from(e: LockError) -> Self {
+            AppError::Lock(e)
+        }
+    }
+
+    /// `try_run` gives one `Result`: the body's value, the body's own error, or the lock's error converted.
+    #[tokio::test]
+    async fn try_run_flattens_lock_and_body_errors() {
+        let client = Client::builder().memory().build().await.expect("memory");
+        let ok = client.lock("k").try_run(async { Ok::<_, AppError>(7) }).await;
+        assert!(matches!(ok, Ok(7)), "{ok:?}");
+        let body = client.lock("k").try_run(async { Err::<u8, _>(AppError::Body("no")) }).await;
+        assert!(matches!(body, Err(AppError::Body("no"))), "{body:?}");
+        assert!(client.lock_info("k").await.expect("info").is_none(), "released after the body's error");
+        let lost = client
+            .lock("k")
+            .ttl(Duration::from_millis(200))
+            .max_hold(Duration::from_millis(1))
+            .try_run(async { std::future::pending::<Result<(), AppError>>().await })
+            .await;
+        assert!(matches!(lost, Err(AppError::Lock(LockError::Lost { .. }))), "{lost:?}");
+    }
+
+    /// A retry strategy that would make a waiter hammer the store is refused before any call.
+    #[tokio::test]
+    async fn zero_delays_are_invalid_config() {
+        let client = Client::builder().memory().build().await.expect("memory");
+        let (zero, second) = (Duration::ZERO, Duration::from_secs(1));
+        for retry in [
+            RetryStrategy::Linear { step: zero },
+            RetryStrategy::Exponential { base: zero, max: second },
+            RetryStrategy::Exponential { base: second * 2, max: second },
+        ] {
+            let outcome = client.lock("k").retry(retry).acquire().await;
+            assert!(matches!(outcome, Err(LockError::InvalidConfig(_))), "{retry:?}: {outcome:?}");
+        }
+        for retry in [RetryStrategy::None, RetryStrategy::default(), RetryStrategy::Linear { step: second }] {
+            client.lock("k").retry(retry).acquire().await.expect("valid").release().await.expect("release");
+        }
+    }
 
     #[test]
     fn retry_delays_are_jittered_within_half_to_all_and_capped() {

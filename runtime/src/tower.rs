@@ -28,11 +28,11 @@ use crate::Client;
 /// #         std::task::Poll::Ready(Ok(()))
 /// #     }
 /// #     fn call(&mut self, key: &'static str) -> Self::Future {
-/// #         Box::pin(async move { Ok(distlock::client()?.record_key(key)) })
+/// #         Box::pin(async move { Ok(distlock::current_client()?.record_key(key)) })
 /// #     }
 /// # }
 /// let client = distlock::Client::builder().memory().key_prefix("test:").build().await?;
-/// // `Handler` is any service whose requests call `distlock::client()` (as `#[distributed_lock]` does).
+/// // `Handler` is any service whose requests call `distlock::current_client()` (as `#[distributed_lock]` does).
 /// let mut service = distlock::tower::ClientLayer::new(client).layer(Handler);
 /// // Spawned, as a server runs each connection: the client is still in scope.
 /// let record = tokio::spawn(async move { service.call("job").await }).await.unwrap()?;

@@ -7,13 +7,15 @@ use std::time::Duration;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use distlock::Client;
+use distlock::{Client, LockError, LockGuard, LockRequest};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Value};
 
 use crate::cluster::RedisCluster;
 use crate::sentinel::SentinelGroup;
+use tokio::time::Instant;
+
 use crate::RedisServer;
 
 /// Which backend a [`Fixture`] runs on.
@@ -268,6 +270,22 @@ impl Counter {
         let v = self.get().await;
         tokio::time::sleep(pause).await;
         self.set(v + 1).await;
+    }
+}
+
+/// Takes the lock `request` builds, as soon as the client has recovered from a fault (a server restart, a
+/// reset, a lost reply): a backend error is retried every 50 ms until `until`; after that, or on any other
+/// error, the test fails, naming `what`.
+pub async fn acquire_after_recovery(until: Instant, what: &str, mut request: impl FnMut() -> LockRequest) -> LockGuard {
+    loop {
+        match request().acquire().await {
+            Ok(guard) => return guard,
+            Err(LockError::Backend(e)) if Instant::now() < until => {
+                eprintln!("{what}: not reconnected yet: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{what}: cannot lock after the fault: {e}"),
+        }
     }
 }
 

@@ -20,7 +20,9 @@ pub mod stall;
 pub mod store;
 pub mod sys;
 
-pub use fixture::{busy_for_outsiders, eventually, within, Backend, Counter, Fixture, RawConnection};
+pub use fixture::{
+    acquire_after_recovery, busy_for_outsiders, eventually, within, Backend, Counter, Fixture, RawConnection,
+};
 
 /// Short names for the durations tests are full of.
 pub mod time {

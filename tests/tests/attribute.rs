@@ -128,7 +128,7 @@ impl Tenant {
     async fn held_key(&self, req: &Request) -> Result<Option<distlock::LockInfo>, LockError> {
         let lock = distlock::current_lock().expect("inside the body");
         assert_eq!(lock.key(), "tenant:acme:user:42");
-        distlock::client()?.lock_info("tenant:acme:user:42").await
+        distlock::current_client()?.lock_info("tenant:acme:user:42").await
     }
 }
 
@@ -260,7 +260,7 @@ async fn outer(id: u64) -> Result<(u64, u64), LockError> {
     let outer_token = distlock::current_lock().expect("held").fencing_token();
     let inner_token = inner(id).await?;
     // The inner call returned: the outer hold must still be in place.
-    let info = distlock::client()?.lock_info(&format!("account:{id}")).await?.expect("still held after inner");
+    let info = distlock::current_client()?.lock_info(&format!("account:{id}")).await?.expect("still held after inner");
     assert_eq!(info.fencing_token, outer_token);
     Ok((outer_token, inner_token))
 }

@@ -169,23 +169,23 @@ async fn bad_durations_are_invalid_config_nothing_sent() {
     }
 }
 
-/// `hold_at_least` above what Redis's PX can take is refused up front like a ttl, instead of failing the
+/// `min_hold` above what Redis's PX can take is refused up front like a ttl, instead of failing the
 /// release at the end of the body (after which the lock would only free when its lease runs out).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hold_at_least_above_the_px_limit_is_invalid_config() {
+async fn min_hold_above_the_px_limit_is_invalid_config() {
     let fx = Fixture::redis().await;
     let ran = Arc::new(AtomicBool::new(false));
     let result = fx
         .client()
         .lock("hold-forever")
         .ttl(secs(10))
-        .hold_at_least(Duration::MAX)
+        .min_hold(Duration::MAX)
         .run({
             let ran = Arc::clone(&ran);
             async move { ran.store(true, Ordering::SeqCst) }
         })
         .await;
-    assert!(matches!(result, Err(LockError::InvalidConfig(_))), "hold_at_least(Duration::MAX): {result:?}");
+    assert!(matches!(result, Err(LockError::InvalidConfig(_))), "min_hold(Duration::MAX): {result:?}");
     assert!(!ran.load(Ordering::SeqCst));
 }
 
@@ -457,7 +457,7 @@ fn readme_acl_line() -> String {
 }
 
 /// README's least-privilege user, created exactly as README writes it, runs a full lock cycle: startup
-/// probe, acquire, renewals, `lock_info`, `remaining_ttl`, `extend`, release, `hold_at_least`,
+/// probe, acquire, renewals, `lock_info`, `remaining_ttl`, `extend`, release, `min_hold`,
 /// `force_unlock`, a waiter woken by a release (pub/sub), and the EVAL fallback after `SCRIPT FLUSH`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readme_least_privilege_acl_user_runs_a_full_lock_cycle() {
@@ -487,8 +487,8 @@ async fn readme_least_privilege_acl_user_runs_a_full_lock_cycle() {
         guard.extend(secs(5)).await?;
         assert_eq!(guard.release().await?, ReleaseOutcome::Released);
 
-        client.lock("at-least").hold_at_least(ms(200)).run(async {}).await?;
-        assert!(other.lock("at-least").try_acquire().await?.is_none(), "hold_at_least did not keep the lock");
+        client.lock("at-least").min_hold(ms(200)).run(async {}).await?;
+        assert!(other.lock("at-least").try_acquire().await?.is_none(), "min_hold did not keep the lock");
         let held = other.lock("forced").acquire().await?;
         assert!(client.force_unlock("forced").await?);
         drop(held);

@@ -28,7 +28,7 @@ distlock_tests::all_backends!(
     try_acquire_returns_none_when_busy,
     extend_and_remaining_ttl,
     keys_with_braces_are_distinct_locks,
-    hold_at_least_keeps_lock_after_body,
+    min_hold_keeps_lock_after_body,
     busy_error_says_who_holds_the_lock,
 );
 
@@ -349,15 +349,15 @@ async fn keys_with_braces_are_distinct_locks(fx: Fixture) {
     }
 }
 
-/// `hold_at_least` keeps the lock after a short body ends, until the minimum has passed.
-async fn hold_at_least_keeps_lock_after_body(fx: Fixture) {
+/// `min_hold` keeps the lock after a short body ends, until the minimum has passed.
+async fn min_hold_keeps_lock_after_body(fx: Fixture) {
     const KEY: &str = "at-least";
     let other = fx.other_client().await;
     let start = Instant::now();
-    fx.client().lock(KEY).ttl(secs(10)).hold_at_least(secs(1)).run(async {}).await.expect("run");
-    assert!(other.lock_info(KEY).await.unwrap().is_some(), "released before hold_at_least");
+    fx.client().lock(KEY).ttl(secs(10)).min_hold(secs(1)).run(async {}).await.expect("run");
+    assert!(other.lock_info(KEY).await.unwrap().is_some(), "released before min_hold");
     assert!(other.lock(KEY).try_acquire().await.unwrap().is_none());
-    let _guard = other.lock(KEY).wait(secs(10)).acquire().await.expect("free after hold_at_least");
+    let _guard = other.lock(KEY).wait(secs(10)).acquire().await.expect("free after min_hold");
     let elapsed = start.elapsed();
     assert!(elapsed >= ms(900) && elapsed < secs(3), "held for {elapsed:?}, asked 1 s");
 }

@@ -25,23 +25,23 @@ async fn memory_client() -> Client {
 #[tokio::test]
 async fn global_client_lifecycle() {
     // Nothing installed yet.
-    match distlock::client() {
+    match distlock::current_client() {
         Err(LockError::NotConfigured) => {}
         other => panic!("expected NotConfigured before install, got {other:?}"),
     }
-    let err = distlock::client().expect_err("not configured");
+    let err = distlock::current_client().expect_err("not configured");
     assert!(err.to_string().contains("install"), "the error says what to do: {err}");
 
     // A scoped override works without a global client, and only inside its future.
     let scoped = memory_client().await;
     let seen = distlock::with_client(scoped.clone(), async {
-        let c = distlock::client().expect("with_client's client");
+        let c = distlock::current_client().expect("with_client's client");
         let guard = c.lock("scoped").acquire().await.expect("acquire");
         guard.fencing_token()
     })
     .await;
     assert!(seen > 0);
-    assert!(matches!(distlock::client(), Err(LockError::NotConfigured)));
+    assert!(matches!(distlock::current_client(), Err(LockError::NotConfigured)));
 
     // install once; a second install is refused and leaves the first in place.
     let global = memory_client().await;
@@ -50,7 +50,7 @@ async fn global_client_lifecycle() {
         Err(LockError::AlreadyInstalled) => {}
         other => panic!("expected AlreadyInstalled, got {other:?}"),
     }
-    let installed = distlock::client().expect("installed client");
+    let installed = distlock::current_client().expect("installed client");
     let held = installed
         .lock("global")
         .ttl(Duration::from_secs(10))
@@ -65,11 +65,11 @@ async fn global_client_lifecycle() {
     // with_client overrides the global client inside its future (and nests), not outside it.
     let other = memory_client().await;
     distlock::with_client(other.clone(), async {
-        let c = distlock::client().expect("override");
+        let c = distlock::current_client().expect("override");
         assert!(is_free(&c, "global").await, "the override must use its own store, not the installed client's");
         let inner = memory_client().await;
         distlock::with_client(inner.clone(), async {
-            let c = distlock::client().expect("nested override");
+            let c = distlock::current_client().expect("nested override");
             let _g = c.lock("nested").metadata("inner").acquire().await.unwrap();
             assert_eq!(inner.lock_info("nested").await.unwrap().unwrap().metadata, "inner");
             assert!(other.lock_info("nested").await.unwrap().is_none());
@@ -77,13 +77,13 @@ async fn global_client_lifecycle() {
         .await;
     })
     .await;
-    let c = distlock::client().expect("global again after with_client");
+    let c = distlock::current_client().expect("global again after with_client");
     assert!(!is_free(&c, "global").await, "back on the installed client");
 
     // The override follows its future across threads (it is task-local, not thread-local).
     let spawned = tokio::spawn(distlock::with_client(other.clone(), async {
         tokio::task::yield_now().await;
-        is_free(&distlock::client().expect("override in a spawned task"), "global").await
+        is_free(&distlock::current_client().expect("override in a spawned task"), "global").await
     }))
     .await
     .expect("task");

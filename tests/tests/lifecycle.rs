@@ -64,13 +64,19 @@ async fn reentrant_request_inside_body_shares_the_hold(fx: Fixture) {
             assert_eq!(observer.lock_info(KEY).await.unwrap().expect("held").fencing_token, outer);
             assert!(busy_for_outsiders(&observer, KEY).await, "the nested run released the outer hold");
 
-            // Nested acquire: a guard with the outer grant's fencing token; releasing it keeps the hold.
-            let guard = client.lock(KEY).acquire().await.expect("nested acquire");
+            // Nested acquire: a guard with the outer grant's fencing token and deadline; its own ttl and
+            // metadata do not apply, and releasing it sends nothing and says so.
+            let before = observer.lock_info(KEY).await.unwrap().expect("held");
+            let guard = client.lock(KEY).ttl(secs(100)).metadata("nested").acquire().await.expect("nested acquire");
             assert_eq!(guard.fencing_token(), outer);
             assert_eq!(guard.key(), KEY);
-            let _ = guard.release().await.expect("nested release");
+            assert_eq!(guard.deadline(), distlock::current_lock().expect("outer").deadline());
+            assert!(guard.deadline() <= tokio::time::Instant::now() + secs(10), "the nested ttl applied");
+            assert_eq!(guard.release().await.expect("nested release"), ReleaseOutcome::Nested);
             let info = observer.lock_info(KEY).await.unwrap().expect("still held after the nested release");
             assert_eq!(info.fencing_token, outer);
+            assert_eq!(info.metadata, before.metadata, "the nested metadata applied");
+            assert!(info.remaining_ttl <= secs(10), "the nested ttl applied: {:?}", info.remaining_ttl);
             assert!(busy_for_outsiders(&observer, KEY).await, "the nested release freed the outer hold");
             outer
         })

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock::{Client, LockError, RetryStrategy};
+use distlock::{Client, LockError, ReleaseOutcome, RetryStrategy};
 use distlock_tests::{eventually, within, Fixture};
 use tokio::time::Instant;
 
@@ -14,6 +14,7 @@ distlock_tests::all_backends!(
     waiter_that_gives_up_leaves_the_queue,
     cancelled_waiter_does_not_stall_the_queue,
     try_acquire_does_not_jump_the_queue,
+    force_unlock_frees_the_lock_past_a_dead_waiter,
 );
 
 const LIMIT: Duration = Duration::from_secs(10);
@@ -128,4 +129,52 @@ async fn try_acquire_does_not_jump_the_queue(fx: Fixture) {
     done.notify_one();
     let served = within(LIMIT, "waiter served", waiter).await.expect("no panic");
     assert_eq!(served.expect("the waiter was served"), distlock::ReleaseOutcome::Released);
+}
+
+/// An operator frees a stuck lock while the longest waiter is dead: the lock is not handed to that waiter
+/// (which would keep it from everyone for as long as the dead waiter's place lasts); the live waiter behind it
+/// is woken and gets it at once.
+///
+/// The dead waiter is a request that queued first and was then never polled again, as a waiter whose task or
+/// process froze: its place stays in the queue, and it never claims anything. Places refresh every 10–20 s here,
+/// so its place lasts 30 s or more, and the live waiter, woken by nothing but `force_unlock`, waits only 10 s.
+async fn force_unlock_frees_the_lock_past_a_dead_waiter(fx: Fixture) {
+    const KEY: &str = "stuck";
+    let retry = RetryStrategy::Linear { step: Duration::from_secs(20) };
+    let ttl = Duration::from_secs(60);
+    let holder = fx.client().lock(KEY).ttl(ttl).acquire().await.expect("holder");
+
+    let dead_client = fx.other_client().await;
+    let mut dead = Box::pin(dead_client.lock(KEY).ttl(ttl).wait(Duration::from_secs(120)).retry(retry).acquire());
+    tokio::select! {
+        outcome = &mut dead => panic!("the first waiter finished while the lock was held: {outcome:?}"),
+        () = eventually(LIMIT, "first waiter queued", || async { waiting(fx.client(), KEY).await == 1 }) => {}
+    }
+    // From here on `dead` is never polled.
+
+    let live_client = fx.other_client().await;
+    let live = tokio::spawn(async move {
+        let guard = live_client.lock(KEY).ttl(ttl).wait(Duration::from_secs(10)).retry(retry).acquire().await?;
+        Ok::<_, LockError>((Instant::now(), guard))
+    });
+    eventually(LIMIT, "second waiter queued", || async { waiting(fx.client(), KEY).await == 2 }).await;
+
+    let forced = Instant::now();
+    assert!(fx.client().force_unlock(KEY).await.expect("force_unlock"), "the stuck lock was there");
+    let (served, guard) = within(LIMIT, "live waiter served", live)
+        .await
+        .expect("no panic")
+        .expect("the live waiter gets the lock within its wait, although the queue's head is dead");
+    // The live waiter's next refresh was 10 s or more away: only the wake-up explains a prompt start.
+    let woken = served.duration_since(forced);
+    assert!(woken < Duration::from_secs(5), "the live waiter got the lock {woken:?} after force_unlock");
+    let info = fx.client().lock_info(KEY).await.expect("lock_info").expect("held by the live waiter");
+    assert_eq!(info.fencing_token, guard.fencing_token());
+    assert!(guard.fencing_token() > holder.fencing_token());
+    assert!(!guard.is_lost());
+    // The forced-out holder's release touches nothing of the new holder's.
+    let outcome = holder.release().await.expect("release");
+    assert!(matches!(outcome, ReleaseOutcome::Expired | ReleaseOutcome::TakenByOther), "{outcome:?}");
+    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+    drop(dead);
 }

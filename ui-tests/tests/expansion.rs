@@ -32,7 +32,7 @@ async fn memory() -> Client {
 
 /// What the lock looks like from inside the body, looked up by the key the test expects.
 async fn info(key: &str) -> Result<Option<LockInfo>, LockError> {
-    distlock::client()?.lock_info(key).await
+    distlock::current_client()?.lock_info(key).await
 }
 
 #[distributed_lock(key = "report:<id>")]
@@ -148,16 +148,70 @@ async fn busy_lock_is_not_obtained_without_wait_and_obtained_with_it() {
     waiter.await.expect("task").expect("obtained after the release");
 }
 
-#[distributed_lock(key = "tick", ttl = "10s", hold_at_least = "2s")]
+#[distributed_lock(key = "tick", ttl = "10s", min_hold = "2s")]
 async fn tick() -> Result<(), LockError> {
     Ok(())
 }
 
 #[tokio::test]
-async fn hold_at_least_keeps_the_lock_after_return() {
+async fn min_hold_keeps_the_lock_after_return() {
     let client = memory().await;
     with_client(client.clone(), tick()).await.expect("first tick runs");
-    assert!(client.lock_info("tick").await.expect("lookup").is_some(), "still held for hold_at_least");
+    assert!(client.lock_info("tick").await.expect("lookup").is_some(), "still held for min_hold");
     let err = with_client(client, tick()).await.expect_err("a second replica skips this tick");
     assert!(matches!(err, LockError::NotObtained { .. }), "{err:?}");
+}
+
+#[distributed_lock(key = "hangs", ttl = "200ms", max_hold = "300ms")]
+async fn hangs() -> Result<(), LockError> {
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn max_hold_stops_a_body_that_hangs() {
+    let client = memory().await;
+    let outcome = tokio::time::timeout(Duration::from_secs(10), with_client(client.clone(), hangs()))
+        .await
+        .expect("max_hold ended the call");
+    assert!(matches!(outcome, Err(LockError::Lost { ref key }) if key == "hangs"), "{outcome:?}");
+    let again = client.lock("hangs").wait(Duration::from_secs(5)).acquire().await;
+    assert!(again.is_ok(), "the lock frees once the capped lease runs out: {again:?}");
+}
+
+#[distributed_lock(key = "single", retry = "none")]
+async fn single_attempt() -> Result<(), LockError> {
+    Ok(())
+}
+
+#[distributed_lock(key = "spaced", wait = "5s", retry = "linear 50ms")]
+async fn spaced() -> Result<(), LockError> {
+    Ok(())
+}
+
+#[distributed_lock(key = "spaced", wait = "5s", retry = "exponential 10ms..100ms")]
+async fn growing() -> Result<(), LockError> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn retry_strategies_reach_the_request() {
+    let client = memory().await;
+    let held = client.lock("single").acquire().await.expect("holder");
+    let err = with_client(client.clone(), single_attempt()).await.expect_err("busy");
+    assert!(matches!(err, LockError::NotObtained { .. }), "{err:?}");
+    held.release().await.expect("release");
+    with_client(client.clone(), single_attempt()).await.expect("free");
+
+    for linear in [true, false] {
+        let held = client.lock("spaced").acquire().await.expect("holder");
+        let waiter = if linear {
+            tokio::spawn(with_client(client.clone(), spaced()))
+        } else {
+            tokio::spawn(with_client(client.clone(), growing()))
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        held.release().await.expect("release");
+        waiter.await.expect("task").expect("obtained after the release");
+    }
 }

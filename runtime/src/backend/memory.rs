@@ -56,7 +56,7 @@ const SWEEP_FROM: usize = 1024;
 
 #[derive(Debug)]
 struct Record {
-    /// `None` while kept by `hold_at_least` after release: held, by nobody.
+    /// `None` while kept by `min_hold` after release: held, by nobody.
     token: Option<String>,
     fence: u64,
     metadata: String,
@@ -298,7 +298,11 @@ impl Store for MemoryBackend {
         let mut state = self.state();
         let existed = state.live(&keys.record).is_some();
         state.records.remove(&keys.record);
-        state.hand_over(keys);
+        // No hand-over: the queue head may be a waiter that died. Every waiter retries; the live ones queue again.
+        state.queues.remove(&keys.record);
+        if let Some(channel) = state.channels.get(&keys.channel()) {
+            channel.tx.send_replace(Announcement::Retry);
+        }
         Ok(existed)
     }
 

@@ -56,6 +56,10 @@ pub(crate) const FENCE_RETENTION: Duration = Duration::from_secs(60);
 pub(crate) const FENCE: &str = ":fence";
 pub(crate) const CHANNEL: &str = ":released";
 
+/// Published on a lock's channel instead of a hand-over (`<heir>:<fence>:<lease ms>`) when the lock was freed
+/// for everyone (a forced unlock): every waiter tries again at once. No token starts with it.
+pub(crate) const WAKE_ALL: &str = "*";
+
 /// Percent-encodes `%`, `{` and `}`: the escaped text holds no brace, so it cannot close the hash tag, and the
 /// encoding is injective, so two keys never share a record.
 fn escape_into(out: &mut String, key: &str) {

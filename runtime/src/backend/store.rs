@@ -85,7 +85,8 @@ pub(crate) trait Store {
     /// Who holds the lock, if anyone.
     async fn info(&self, keys: &LockKeys) -> Result<Option<LockInfo>, LockError>;
 
-    /// Deletes the lock whoever holds it and hands it to the next waiter; true if there was one.
+    /// Deletes the lock whoever holds it, and its wait queue, and wakes every waiter to try again (no hand-over:
+    /// the queue head may have died); true if there was a lock.
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError>;
 
     /// Starts listening, as the waiter with `token`, for hand-overs of the lock; resolves once announcements

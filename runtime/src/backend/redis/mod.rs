@@ -595,7 +595,7 @@ impl Store for RedisBackend {
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
         let deleted: i64 = self
             .eval(&FORCE_UNLOCK, keys, |c| {
-                c.arg(1).arg(&keys.record);
+                c.arg(1).arg(&keys.record).arg(super::WAKE_ALL);
             })
             .await?;
         Ok(deleted == 1)

@@ -10,7 +10,7 @@
 //! The record is one string, `<token><mark><fence>:<metadata>`: cheaper for Redis than a hash, and the
 //! 32-character token at its start is all that renew and release compare. The mark is `:`, or `+` once a
 //! waiter may have queued behind this holder: only then does a release look at the queue. While
-//! `hold_at_least` keeps a released lock, the token is replaced by dashes, which no hex token can equal.
+//! `min_hold` keeps a released lock, the token is replaced by dashes, which no hex token can equal.
 //!
 //! A release (or an expiry noticed by an acquire) hands the lock straight to the longest-waiting live waiter
 //! and publishes `<its token>:<fence>:<hand-over lease ms>` on `<record>:released`: waiters are served in order, and the next
@@ -323,14 +323,16 @@ return {meta or '', tonumber(fence) or 0, redis.call('pttl', KEYS[1]), redis.cal
     )
 });
 
-/// 1 if a lock was deleted (and handed to the next waiter, if any), else 0.
+/// ARGV: the wake-all message ([`WAKE_ALL`](crate::backend::WAKE_ALL)). Deletes the record and the wait queue
+/// (no hand-over: the queue's head may have died) and tells every waiter to try again. 1 if a lock was
+/// deleted, else 0.
 pub(super) static FORCE_UNLOCK: Lazy<LuaScript> = Lazy::new(|| {
-    LuaScript::new(concat!(
-        hand_over_fn!(),
+    LuaScript::new(
         r"local n = redis.call('del', KEYS[1])
-hand_over(KEYS[1])
-return n"
-    ))
+redis.call('del', KEYS[1] .. ':queue')
+redis.call('publish', KEYS[1] .. ':released', ARGV[1])
+return n",
+    )
 });
 
 #[cfg(test)]
@@ -342,7 +344,7 @@ mod tests {
     #[test]
     fn scripts_keep_the_fence_for_the_documented_retention() {
         let retention = format!(" + {}, 'get')", crate::backend::FENCE_RETENTION.as_millis());
-        for script in [&*ACQUIRE, &*BATCH, &*RELEASE, &*FORCE_UNLOCK] {
+        for script in [&*ACQUIRE, &*BATCH, &*RELEASE] {
             assert!(script.source.contains(&retention), "{retention} in\n{}", script.source);
             assert!(!script.source.contains("'incr'"), "a fence without expiry in\n{}", script.source);
         }

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 
 use super::link::Link;
 use super::{manager_config, Timeouts};
-use crate::backend::{Announcement, ReleaseWatch};
+use crate::backend::{Announcement, ReleaseWatch, WAKE_ALL};
 use crate::LockToken;
 
 /// The shared subscriber: one RESP3 connection per client, opened on the first wait, carrying the
@@ -81,9 +81,16 @@ impl Subscriber {
                 PushKind::Message | PushKind::SMessage => {
                     if let [Value::BulkString(name), Value::BulkString(text), ..] = push.data.as_slice() {
                         let text = String::from_utf8_lossy(text);
-                        let heir = text.split(':').next().unwrap_or_default();
-                        if let Some(tx) = channels.get(name.as_slice()).and_then(|c| c.waiters.get(heir)) {
-                            tx.send_replace(Announcement::HandedOver(text.as_ref().into()));
+                        let waiters = channels.get(name.as_slice()).map(|c| &c.waiters);
+                        if text == WAKE_ALL {
+                            for tx in waiters.into_iter().flat_map(HashMap::values) {
+                                tx.send_replace(Announcement::Retry);
+                            }
+                        } else {
+                            let heir = text.split(':').next().unwrap_or_default();
+                            if let Some(tx) = waiters.and_then(|w| w.get(heir)) {
+                                tx.send_replace(Announcement::HandedOver(text.as_ref().into()));
+                            }
                         }
                     }
                 }

@@ -1,6 +1,6 @@
 use distlock::{distributed_lock, LockError};
 
-#[distributed_lock(key = "report:<id>", hold_at_least = "99999999999999999999h")]
+#[distributed_lock(key = "report:<id>", min_hold = "99999999999999999999h")]
 async fn build_report(id: u64) -> Result<(), LockError> {
     let _ = id;
     Ok(())

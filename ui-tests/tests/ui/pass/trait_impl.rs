@@ -10,7 +10,7 @@ pub struct Cleanup {
 }
 
 impl Job for Cleanup {
-    #[distributed_lock(key = "job:<self.name>:<tick>", hold_at_least = "1s")]
+    #[distributed_lock(key = "job:<self.name>:<tick>", min_hold = "1s")]
     async fn run(&self, tick: u64) -> Result<u64, LockError> {
         Ok(tick + 1)
     }
