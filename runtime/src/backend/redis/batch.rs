@@ -19,6 +19,7 @@ use redis::aio::ConnectionManager;
 use redis::{Cmd, Value};
 use tokio::sync::oneshot;
 
+use super::scripts::reply::FAILED;
 use super::scripts::{LuaScript, ACQUIRE, BATCH, RELEASE};
 use super::{failed_in_script, send_script, unexpected_reply};
 use crate::LockToken;
@@ -321,7 +322,7 @@ async fn call_many(conn: &impl Transport, ops: &[Op<'_>]) -> Vec<Reply> {
             .chunks(3)
             .map(|reply| match reply {
                 [Value::Int(code), Value::Int(fence), Value::Int(ms)] if *code >= 0 => Ok((*code, *fence, *ms)),
-                [Value::Int(-1), Value::BulkString(message), _] => Err(failed_in_script(message)),
+                [Value::Int(FAILED), Value::BulkString(message), _] => Err(failed_in_script(message)),
                 _ => Err(unexpected_reply()),
             })
             .collect(),

@@ -12,20 +12,15 @@ use crate::error::{redact_url, BackendError};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 use self::batch::{Coalescer, Op};
+use self::scripts::reply::{
+    BUSY, EXPIRED, GRANTED, NOT_HANDED, NOT_HELD, NOT_OWNER, RELEASED, RENEWED, TAKEN_BY_OTHER,
+};
 use self::scripts::{LuaScript, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY, WITHDRAW};
 use self::subscriber::Subscriber;
 
 mod batch;
 mod scripts;
 mod subscriber;
-
-/// The first value of an acquire script's reply (scripts.rs, `acquire`); any other is an error.
-const GRANTED: i64 = 1;
-const BUSY: i64 = 0;
-/// A release script's reply (scripts.rs, `release`); any other is an error.
-const RELEASED: i64 = 1;
-const EXPIRED: i64 = 0;
-const TAKEN_BY_OTHER: i64 = 2;
 
 /// Locks renewed per RENEW_MANY call: one call holds redis-server for about a microsecond per lock.
 const RENEWALS_PER_CALL: usize = 256;
@@ -243,14 +238,10 @@ impl Store for RedisBackend {
             register_ms: register,
             lease_ms: lease,
         };
-        let (code, fence, ms) = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
-        let (Ok(fence), ms) = (u64::try_from(fence), u64::try_from(ms).ok().map(Duration::from_millis)) else {
-            return Err(self.error(keys, unexpected_reply()));
-        };
-        let attempt = match (code, ms) {
-            (GRANTED, Some(lease)) => Attempt::Granted(Hold { fence, lease }),
-            (BUSY, remaining) => return Ok(Attempt::Busy { fence, remaining }),
-            _ => return Err(self.error(keys, unexpected_reply())),
+        let reply = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
+        let attempt = match attempt_of(reply).map_err(|e| self.error(keys, e))? {
+            busy @ Attempt::Busy { .. } => return Ok(busy),
+            granted => granted,
         };
         if let Err(e) = self.replicated(keys).await {
             // Not durable enough to use: give it back (best effort; otherwise it expires).
@@ -261,27 +252,25 @@ impl Store for RedisBackend {
     }
 
     async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError> {
-        let (fence, pttl): (i64, i64) = self
+        let reply: (i64, i64) = self
             .eval(&WITHDRAW, keys, |c| {
                 c.arg(1).arg(&keys.record).arg(token.as_str());
             })
             .await?;
-        Ok(match (u64::try_from(fence), u64::try_from(pttl)) {
-            (Ok(fence), Ok(ms)) => Some(Hold { fence, lease: Duration::from_millis(ms) }),
-            _ => None,
-        })
+        withdrawn(reply).map_err(|e| self.error(keys, e))
     }
 
     async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
-        let renewed: i64 = self
+        let reply: i64 = self
             .eval(&RENEW, keys, |c| {
                 c.arg(1).arg(&keys.record).arg(token.as_str()).arg(millis(ttl));
             })
             .await?;
-        if renewed == 1 {
+        let renewed = renew_outcome(reply).map_err(|e| self.error(keys, e))?;
+        if renewed {
             self.replicated(keys).await?;
         }
-        Ok(renewed == 1)
+        Ok(renewed)
     }
 
     /// The renewals in one round trip: one RENEW_MANY call per [`RENEWALS_PER_CALL`] locks, pipelined; if the
@@ -319,7 +308,7 @@ impl Store for RedisBackend {
             match reply {
                 Ok(Value::Array(results)) if results.len() == chunk.len() => {
                     renewed.extend(results.into_iter().map(|result| match result {
-                        Value::Int(n) => Ok(n == 1),
+                        Value::Int(n) => renew_outcome(n),
                         Value::BulkString(message) => Err(failed_in_script(&message)),
                         _ => Err(unexpected_reply()),
                     }));
@@ -354,13 +343,8 @@ impl Store for RedisBackend {
         // A keep that rounds to 0 ms would mean "delete": keep at least 1 ms.
         let keep_ms = keep.map_or(0, |k| millis(k).max(1));
         let op = Op::Release { record: Cow::Borrowed(&keys.record), token: token.clone(), keep_ms };
-        let (outcome, ..) = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
-        match outcome {
-            RELEASED => Ok(ReleaseOutcome::Released),
-            TAKEN_BY_OTHER => Ok(ReleaseOutcome::TakenByOther),
-            EXPIRED => Ok(ReleaseOutcome::Expired),
-            _ => Err(self.error(keys, unexpected_reply())),
-        }
+        let (code, ..) = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
+        release_outcome(code).map_err(|e| self.error(keys, e))
     }
 
     async fn remaining(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Duration>, LockError> {
@@ -370,13 +354,15 @@ impl Store for RedisBackend {
             })
             .await?;
         Ok(match pttl {
-            -2 => None,
+            NOT_HELD => None,
             // Ours without expiry cannot happen through this crate; report it as "as long as you like".
             -1 => Some(Duration::MAX),
             ms => Some(Duration::from_millis(ms.max(0) as u64)),
         })
     }
 
+    /// INFO replies `{metadata, fence, PTTL, queue length}`: the script splits the record
+    /// `<token><mark><fence>:<metadata>` (scripts.rs, "The record") and sends everything but the token.
     async fn info(&self, keys: &LockKeys) -> Result<Option<LockInfo>, LockError> {
         let info: Option<(String, u64, i64, usize)> = self
             .eval(&INFO, keys, |c| {
@@ -402,6 +388,49 @@ impl Store for RedisBackend {
 
     async fn watch_releases(&self, keys: &LockKeys, token: &LockToken) -> Result<ReleaseWatch, LockError> {
         self.subscriber.watch(&keys.channel(), token).await.map_err(|e| self.error(keys, e))
+    }
+}
+
+/// An ACQUIRE reply `(code, fence, ms)`: granted for `ms`, or busy with the holder's fence and PTTL (negative:
+/// unknown). Any other code, or a negative fence or grant, is an error: a script this client does not know.
+fn attempt_of((code, fence, ms): (i64, i64, i64)) -> redis::RedisResult<Attempt> {
+    let (Ok(fence), ms) = (u64::try_from(fence), u64::try_from(ms).ok().map(Duration::from_millis)) else {
+        return Err(unexpected_reply());
+    };
+    match (code, ms) {
+        (GRANTED, Some(lease)) => Ok(Attempt::Granted(Hold { fence, lease })),
+        (BUSY, remaining) => Ok(Attempt::Busy { fence, remaining }),
+        _ => Err(unexpected_reply()),
+    }
+}
+
+/// A RELEASE reply; any other code is an error.
+fn release_outcome(code: i64) -> redis::RedisResult<ReleaseOutcome> {
+    match code {
+        RELEASED => Ok(ReleaseOutcome::Released),
+        TAKEN_BY_OTHER => Ok(ReleaseOutcome::TakenByOther),
+        EXPIRED => Ok(ReleaseOutcome::Expired),
+        _ => Err(unexpected_reply()),
+    }
+}
+
+/// A RENEW reply: whether the lease was extended; any other code is an error.
+fn renew_outcome(code: i64) -> redis::RedisResult<bool> {
+    match code {
+        RENEWED => Ok(true),
+        NOT_OWNER => Ok(false),
+        _ => Err(unexpected_reply()),
+    }
+}
+
+/// A WITHDRAW reply: the hold, if the lock was handed to the waiter meanwhile.
+fn withdrawn((fence, pttl): (i64, i64)) -> redis::RedisResult<Option<Hold>> {
+    match (fence, u64::try_from(fence), u64::try_from(pttl)) {
+        (NOT_HANDED, ..) => Ok(None),
+        (_, Ok(fence), Ok(ms)) => Ok(Some(Hold { fence, lease: Duration::from_millis(ms) })),
+        // Handed to it, but expired by the time PTTL ran (-2) or without expiry (-1, not written by us).
+        (_, Ok(_), Err(_)) => Ok(None),
+        _ => Err(unexpected_reply()),
     }
 }
 
@@ -447,4 +476,41 @@ fn millis(d: Duration) -> u64 {
 
 fn timeout_error(what: &'static str) -> redis::RedisError {
     redis::RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, what))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A code no script sends is an error, never taken for busy, expired or not renewed.
+    #[test]
+    fn unknown_reply_codes_are_errors() {
+        for code in [-1, 2, 7] {
+            assert!(attempt_of((code, 5, 100)).is_err(), "acquire code {code}");
+        }
+        for code in [-1, 3, 7] {
+            assert!(release_outcome(code).is_err(), "release code {code}");
+        }
+        for code in [-1, 2, 7] {
+            assert!(renew_outcome(code).is_err(), "renew code {code}");
+        }
+        assert!(withdrawn((-5, 0)).is_err());
+        assert!(attempt_of((GRANTED, -1, 100)).is_err(), "a negative fence");
+        assert!(attempt_of((GRANTED, 5, -1)).is_err(), "a grant without a lease");
+    }
+
+    /// The known codes map to what the scripts mean by them.
+    #[test]
+    fn known_reply_codes_map_to_their_outcomes() {
+        let hold = Hold { fence: 5, lease: Duration::from_millis(100) };
+        assert_eq!(attempt_of((GRANTED, 5, 100)).unwrap(), Attempt::Granted(hold));
+        assert_eq!(attempt_of((BUSY, 5, -2)).unwrap(), Attempt::Busy { fence: 5, remaining: None });
+        assert_eq!(release_outcome(RELEASED).unwrap(), ReleaseOutcome::Released);
+        assert_eq!(release_outcome(EXPIRED).unwrap(), ReleaseOutcome::Expired);
+        assert_eq!(release_outcome(TAKEN_BY_OTHER).unwrap(), ReleaseOutcome::TakenByOther);
+        assert!(renew_outcome(RENEWED).unwrap());
+        assert!(!renew_outcome(NOT_OWNER).unwrap());
+        assert_eq!(withdrawn((NOT_HANDED, 0)).unwrap(), None);
+        assert_eq!(withdrawn((5, 100)).unwrap(), Some(hold));
+    }
 }
