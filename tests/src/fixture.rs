@@ -5,9 +5,10 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use distlock::Client;
+use distlock::{Client, LockError, LockGuard};
 use redis::aio::MultiplexedConnection;
 use redis::AsyncCommands;
+use tokio::time::Instant;
 
 use crate::RedisServer;
 
@@ -163,6 +164,30 @@ pub async fn within<F: Future>(limit: Duration, what: &str, fut: F) -> F::Output
         Ok(v) => v,
         Err(_) => panic!("timed out after {limit:?}: {what}"),
     }
+}
+
+/// Takes a lock with a client that is reconnecting after a fault (a restart, a killed connection): calls
+/// `acquire` again every 50 ms while it fails with a backend error and less than `grace` has passed since
+/// `since` (when the fault ended); any other error, a backend error after that, or no answer within `grace`
+/// plus 10 s, fails the test.
+pub async fn acquire_after_recovery<F, Fut>(since: Instant, grace: Duration, mut acquire: F) -> LockGuard
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<LockGuard, LockError>>,
+{
+    let retrying = async {
+        loop {
+            match acquire().await {
+                Ok(guard) => break guard,
+                Err(LockError::Backend(e)) if since.elapsed() < grace => {
+                    eprintln!("not reconnected yet: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("cannot lock {:?} after the fault: {e}", since.elapsed()),
+            }
+        }
+    };
+    within(grace + Duration::from_secs(10), "a lock after the fault", retrying).await
 }
 
 /// Polls `cond` every 10 ms until it is true, panicking with `what` after `limit`.

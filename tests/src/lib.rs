@@ -18,7 +18,7 @@ pub mod stall;
 pub mod store;
 pub mod sys;
 
-pub use fixture::{busy_for_outsiders, eventually, within, Backend, Counter, Fixture};
+pub use fixture::{acquire_after_recovery, busy_for_outsiders, eventually, within, Backend, Counter, Fixture};
 
 /// Short names for the durations tests are full of.
 pub mod time {

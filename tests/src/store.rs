@@ -7,6 +7,7 @@
 //! instant as the code before it (a holder paused between its check and its write).
 
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -32,8 +33,10 @@ impl Write {
     }
 }
 
-/// KEYS: value, highest token. ARGV: value, token, fenced (1/0).
-const WRITE: &str = r"local highest = tonumber(redis.call('get', KEYS[2]) or '0')
+/// KEYS: value, highest token. ARGV: value, token, fenced (1/0). Built once: `Script::new` hashes the source.
+static WRITE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(WRITE_SOURCE));
+
+const WRITE_SOURCE: &str = r"local highest = tonumber(redis.call('get', KEYS[2]) or '0')
 local token = tonumber(ARGV[2])
 if ARGV[3] == '1' and token < highest then return {0, highest} end
 if token > highest then redis.call('set', KEYS[2], token) end
@@ -97,7 +100,7 @@ impl Store {
 
     /// Writes `value` with fencing token `token`.
     pub async fn write(&self, value: i64, token: u64) -> Write {
-        let reply = redis::Script::new(WRITE)
+        let reply = WRITE
             .key(&self.value)
             .key(&self.highest)
             .arg(value)
@@ -149,7 +152,7 @@ impl SyncStore {
 
     /// Writes `value` with fencing token `token`.
     pub fn write(&mut self, value: i64, token: u64) -> redis::RedisResult<Write> {
-        let reply = redis::Script::new(WRITE)
+        let reply = WRITE
             .key(&self.value)
             .key(&self.highest)
             .arg(value)

@@ -8,7 +8,7 @@ use distlock::{Client, LockError, ReleaseOutcome, RetryStrategy};
 use distlock_tests::events::{EventLog, Kind};
 use distlock_tests::proxy::{Fault, FaultProxy};
 use distlock_tests::time::{ms, secs};
-use distlock_tests::{raw_connection, serial, within, Fixture, RedisServer};
+use distlock_tests::{acquire_after_recovery, raw_connection, serial, within, Fixture, RedisServer};
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
@@ -401,18 +401,6 @@ async fn s08_lost_acquire_reply_is_an_error_never_ok_orphan_freed_within_ttl() {
     assert!(freed <= ttl + SLACK, "the orphan held the key for {freed:?} (ttl {ttl:?})");
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
 
-    let again = within(secs(10), "A locks again", async {
-        loop {
-            match a.lock(KEY).acquire().await {
-                Ok(guard) => break guard,
-                Err(LockError::Backend(e)) if sent.elapsed() < secs(8) => {
-                    eprintln!("A not reconnected yet: {e}");
-                    tokio::time::sleep(ms(50)).await;
-                }
-                Err(e) => panic!("A cannot lock after the lost reply: {e}"),
-            }
-        }
-    })
-    .await;
+    let again = acquire_after_recovery(sent, secs(8), || a.lock(KEY).acquire()).await;
     assert_eq!(again.release().await.unwrap(), ReleaseOutcome::Released);
 }

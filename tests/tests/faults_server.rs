@@ -12,7 +12,7 @@ use distlock_tests::monitor::Monitor;
 use distlock_tests::proxy::{Fault, FaultProxy};
 use distlock_tests::sys::Stopped;
 use distlock_tests::time::{drift, ms, secs};
-use distlock_tests::{raw_connection, serial, within, Fixture, RedisServer};
+use distlock_tests::{acquire_after_recovery, raw_connection, serial, within, Fixture, RedisServer};
 use tokio::time::Instant;
 use tracing::Level;
 
@@ -268,19 +268,7 @@ async fn s10_restart_without_persistence_holder_lost_within_ttl_over_3_fencing_r
     let noticed = restarted.elapsed();
     assert!(noticed <= ttl / 3 + ttl / 20 + SLACK, "lost noticed {noticed:?} after the restart (ttl {ttl:?})");
 
-    let again = within(secs(10), "lock after the restart", async {
-        loop {
-            match client.lock(KEY).wait(secs(2)).acquire().await {
-                Ok(guard) => break guard,
-                Err(LockError::Backend(e)) if restarted.elapsed() < secs(5) => {
-                    eprintln!("not reconnected yet: {e}");
-                    tokio::time::sleep(ms(50)).await;
-                }
-                Err(e) => panic!("cannot lock after the restart: {e}"),
-            }
-        }
-    })
-    .await;
+    let again = acquire_after_recovery(restarted, secs(5), || client.lock(KEY).wait(secs(2)).acquire()).await;
     let after = again.fencing_token();
     eprintln!("fencing token {before} before the restart, {after} after");
     if after <= before {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use distlock::{Client, LockError, ReleaseOutcome};
 use distlock_tests::time::{ms, secs};
-use distlock_tests::{free_port, within, Backend, Fixture};
+use distlock_tests::{acquire_after_recovery, free_port, within, Backend, Fixture};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::time::Instant;
 
@@ -97,19 +97,7 @@ async fn redis_server_restart_loses_lock_and_client_recovers() {
     drop(guard);
 
     let start = Instant::now();
-    let again = within(secs(20), "lock after the restart", async {
-        loop {
-            match fx.client().lock(KEY).wait(secs(5)).acquire().await {
-                Ok(guard) => break guard,
-                Err(LockError::Backend(e)) if start.elapsed() < secs(10) => {
-                    eprintln!("not reconnected yet: {e}");
-                    tokio::time::sleep(ms(100)).await;
-                }
-                Err(e) => panic!("cannot lock after the server restarted: {e}"),
-            }
-        }
-    })
-    .await;
+    let again = acquire_after_recovery(start, secs(10), || fx.client().lock(KEY).wait(secs(5)).acquire()).await;
     // The counter went with the data; a new grant still works and is reported consistently.
     let info = fx.client().lock_info(KEY).await.unwrap().expect("held");
     assert_eq!(info.fencing_token, again.fencing_token());
