@@ -353,12 +353,7 @@ impl Store for RedisBackend {
                 c.arg(1).arg(&keys.record).arg(token.as_str());
             })
             .await?;
-        Ok(match pttl {
-            NOT_HELD => None,
-            // Ours without expiry cannot happen through this crate; report it as "as long as you like".
-            -1 => Some(Duration::MAX),
-            ms => Some(Duration::from_millis(ms.max(0) as u64)),
-        })
+        remaining_of(pttl).map_err(|e| self.error(keys, e))
     }
 
     /// INFO replies `{metadata, fence, PTTL, queue length}`: the script splits the record
@@ -420,6 +415,16 @@ fn renew_outcome(code: i64) -> redis::RedisResult<bool> {
         RENEWED => Ok(true),
         NOT_OWNER => Ok(false),
         _ => Err(unexpected_reply()),
+    }
+}
+
+/// A REMAINING reply: the lease left, `None` when the token does not own the lock.
+fn remaining_of(pttl: i64) -> redis::RedisResult<Option<Duration>> {
+    match pttl {
+        NOT_HELD => Ok(None),
+        // Ours without expiry cannot happen through this crate; report it as "as long as you like".
+        -1 => Ok(Some(Duration::MAX)),
+        ms => u64::try_from(ms).map(|ms| Some(Duration::from_millis(ms))).map_err(|_| unexpected_reply()),
     }
 }
 
@@ -495,6 +500,7 @@ mod tests {
             assert!(renew_outcome(code).is_err(), "renew code {code}");
         }
         assert!(withdrawn((-5, 0)).is_err());
+        assert!(remaining_of(-3).is_err());
         assert!(attempt_of((GRANTED, -1, 100)).is_err(), "a negative fence");
         assert!(attempt_of((GRANTED, 5, -1)).is_err(), "a grant without a lease");
     }
@@ -512,5 +518,7 @@ mod tests {
         assert!(!renew_outcome(NOT_OWNER).unwrap());
         assert_eq!(withdrawn((NOT_HANDED, 0)).unwrap(), None);
         assert_eq!(withdrawn((5, 100)).unwrap(), Some(hold));
+        assert_eq!(remaining_of(NOT_HELD).unwrap(), None);
+        assert_eq!(remaining_of(100).unwrap(), Some(Duration::from_millis(100)));
     }
 }
