@@ -12,9 +12,7 @@ use crate::error::{redact_url, BackendError};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 use self::batch::{Coalescer, Op};
-use self::scripts::reply::{
-    BUSY, EXPIRED, GRANTED, NOT_HANDED, NOT_HELD, NOT_OWNER, RELEASED, RENEWED, TAKEN_BY_OTHER,
-};
+use self::scripts::reply::{attempt_of, release_outcome, remaining_of, renew_outcome, withdrawn};
 use self::scripts::{LuaScript, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY, WITHDRAW};
 use self::subscriber::Subscriber;
 
@@ -386,59 +384,6 @@ impl Store for RedisBackend {
     }
 }
 
-/// An ACQUIRE reply `(code, fence, ms)`: granted for `ms`, or busy with the holder's fence and PTTL (negative:
-/// unknown). Any other code, or a negative fence or grant, is an error: a script this client does not know.
-fn attempt_of((code, fence, ms): (i64, i64, i64)) -> redis::RedisResult<Attempt> {
-    let (Ok(fence), ms) = (u64::try_from(fence), u64::try_from(ms).ok().map(Duration::from_millis)) else {
-        return Err(unexpected_reply());
-    };
-    match (code, ms) {
-        (GRANTED, Some(lease)) => Ok(Attempt::Granted(Hold { fence, lease })),
-        (BUSY, remaining) => Ok(Attempt::Busy { fence, remaining }),
-        _ => Err(unexpected_reply()),
-    }
-}
-
-/// A RELEASE reply; any other code is an error.
-fn release_outcome(code: i64) -> redis::RedisResult<ReleaseOutcome> {
-    match code {
-        RELEASED => Ok(ReleaseOutcome::Released),
-        TAKEN_BY_OTHER => Ok(ReleaseOutcome::TakenByOther),
-        EXPIRED => Ok(ReleaseOutcome::Expired),
-        _ => Err(unexpected_reply()),
-    }
-}
-
-/// A RENEW reply: whether the lease was extended; any other code is an error.
-fn renew_outcome(code: i64) -> redis::RedisResult<bool> {
-    match code {
-        RENEWED => Ok(true),
-        NOT_OWNER => Ok(false),
-        _ => Err(unexpected_reply()),
-    }
-}
-
-/// A REMAINING reply: the lease left, `None` when the token does not own the lock.
-fn remaining_of(pttl: i64) -> redis::RedisResult<Option<Duration>> {
-    match pttl {
-        NOT_HELD => Ok(None),
-        // Ours without expiry cannot happen through this crate; report it as "as long as you like".
-        -1 => Ok(Some(Duration::MAX)),
-        ms => u64::try_from(ms).map(|ms| Some(Duration::from_millis(ms))).map_err(|_| unexpected_reply()),
-    }
-}
-
-/// A WITHDRAW reply: the hold, if the lock was handed to the waiter meanwhile.
-fn withdrawn((fence, pttl): (i64, i64)) -> redis::RedisResult<Option<Hold>> {
-    match (fence, u64::try_from(fence), u64::try_from(pttl)) {
-        (NOT_HANDED, ..) => Ok(None),
-        (_, Ok(fence), Ok(ms)) => Ok(Some(Hold { fence, lease: Duration::from_millis(ms) })),
-        // Handed to it, but expired by the time PTTL ran (-2) or without expiry (-1, not written by us).
-        (_, Ok(_), Err(_)) => Ok(None),
-        _ => Err(unexpected_reply()),
-    }
-}
-
 /// Sends the script call `build` makes (EVALSHA; EVAL with the source when asked `by_source`): once more at
 /// once if the connection had dropped (the manager reconnects on the failed call), and as EVAL if the server
 /// lost its script cache. Every script is keyed by the grants' tokens, so a repeat is safe: a repeated
@@ -481,44 +426,4 @@ fn millis(d: Duration) -> u64 {
 
 fn timeout_error(what: &'static str) -> redis::RedisError {
     redis::RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, what))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A code no script sends is an error, never taken for busy, expired or not renewed.
-    #[test]
-    fn unknown_reply_codes_are_errors() {
-        for code in [-1, 2, 7] {
-            assert!(attempt_of((code, 5, 100)).is_err(), "acquire code {code}");
-        }
-        for code in [-1, 3, 7] {
-            assert!(release_outcome(code).is_err(), "release code {code}");
-        }
-        for code in [-1, 2, 7] {
-            assert!(renew_outcome(code).is_err(), "renew code {code}");
-        }
-        assert!(withdrawn((-5, 0)).is_err());
-        assert!(remaining_of(-3).is_err());
-        assert!(attempt_of((GRANTED, -1, 100)).is_err(), "a negative fence");
-        assert!(attempt_of((GRANTED, 5, -1)).is_err(), "a grant without a lease");
-    }
-
-    /// The known codes map to what the scripts mean by them.
-    #[test]
-    fn known_reply_codes_map_to_their_outcomes() {
-        let hold = Hold { fence: 5, lease: Duration::from_millis(100) };
-        assert_eq!(attempt_of((GRANTED, 5, 100)).unwrap(), Attempt::Granted(hold));
-        assert_eq!(attempt_of((BUSY, 5, -2)).unwrap(), Attempt::Busy { fence: 5, remaining: None });
-        assert_eq!(release_outcome(RELEASED).unwrap(), ReleaseOutcome::Released);
-        assert_eq!(release_outcome(EXPIRED).unwrap(), ReleaseOutcome::Expired);
-        assert_eq!(release_outcome(TAKEN_BY_OTHER).unwrap(), ReleaseOutcome::TakenByOther);
-        assert!(renew_outcome(RENEWED).unwrap());
-        assert!(!renew_outcome(NOT_OWNER).unwrap());
-        assert_eq!(withdrawn((NOT_HANDED, 0)).unwrap(), None);
-        assert_eq!(withdrawn((5, 100)).unwrap(), Some(hold));
-        assert_eq!(remaining_of(NOT_HELD).unwrap(), None);
-        assert_eq!(remaining_of(100).unwrap(), Some(Duration::from_millis(100)));
-    }
 }
