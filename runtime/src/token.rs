@@ -18,15 +18,18 @@ use std::fmt;
 /// # Ok(()) }
 /// ```
 #[derive(Clone, PartialEq, Eq)]
-pub struct LockToken([u8; 32]);
+pub struct LockToken([u8; TOKEN_LEN]);
+
+/// A token's length in hex digits: the Redis record and its scripts are laid out around it.
+pub(crate) const TOKEN_LEN: usize = 32;
 
 impl LockToken {
     pub(crate) fn random() -> Self {
-        let mut bytes = [0u8; 16];
+        let mut bytes = [0u8; TOKEN_LEN / 2];
         // No OS randomness means no unguessable tokens; a lock library cannot go on safely without it.
         getrandom::fill(&mut bytes).expect("the operating system's random source failed");
         // Inline hex, not a String: one allocation less per lock, 24 bytes less per held lock.
-        let mut hex = [0u8; 32];
+        let mut hex = [0u8; TOKEN_LEN];
         for (i, byte) in bytes.into_iter().enumerate() {
             hex[2 * i] = HEX[usize::from(byte >> 4)];
             hex[2 * i + 1] = HEX[usize::from(byte & 0xf)];
@@ -36,7 +39,7 @@ impl LockToken {
 
     /// Stands in for a token that has been moved out; never sent.
     pub(crate) fn blank() -> Self {
-        Self([b'0'; 32])
+        Self([b'0'; TOKEN_LEN])
     }
 
     /// The whole token, as stored in Redis. It is a credential for this grant: do not log it or send it

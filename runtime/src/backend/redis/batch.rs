@@ -23,6 +23,7 @@ use redis::{Cmd, Value};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::scripts::reply::FAILED;
 use super::scripts::{LuaScript, ACQUIRE, BATCH, RELEASE};
 use super::window::Window;
 use super::{failed_in_script, send_script, unexpected_reply};
@@ -357,7 +358,7 @@ async fn call_many(conn: &impl Transport, ops: &[Op<'_>]) -> Vec<Reply> {
             .chunks(3)
             .map(|reply| match reply {
                 [Value::Int(code), Value::Int(fence), Value::Int(ms)] if *code >= 0 => Ok((*code, *fence, *ms)),
-                [Value::Int(-1), Value::BulkString(message), _] => Err(failed_in_script(message)),
+                [Value::Int(FAILED), Value::BulkString(message), _] => Err(failed_in_script(message)),
                 _ => Err(unexpected_reply()),
             })
             .collect(),

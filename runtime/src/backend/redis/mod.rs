@@ -15,6 +15,7 @@ use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 use self::batch::{Coalescer, Op, Reply};
 use self::config_errors::{database_error, url_error};
 use self::link::{Link, Rebuilding};
+use self::scripts::reply::{attempt_of, release_outcome, remaining_of, renew_outcome, withdrawn};
 use self::scripts::{LuaScript, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY, WITHDRAW};
 use self::subscriber::Subscriber;
 
@@ -24,14 +25,6 @@ mod link;
 mod scripts;
 mod subscriber;
 mod window;
-
-/// The first value of an acquire script's reply (scripts.rs, `acquire`); any other is an error.
-const GRANTED: i64 = 1;
-const BUSY: i64 = 0;
-/// A release script's reply (scripts.rs, `release`); any other is an error.
-const RELEASED: i64 = 1;
-const EXPIRED: i64 = 0;
-const TAKEN_BY_OTHER: i64 = 2;
 
 /// Locks renewed per RENEW_MANY call: one call holds redis-server for about a microsecond per lock.
 const RENEWALS_PER_CALL: usize = 256;
@@ -263,7 +256,7 @@ impl RedisBackend {
             .flat_map(|indices| indices.chunks(RENEWALS_PER_CALL).map(<[usize]>::to_vec).collect::<Vec<_>>());
         let calls = calls.map(|indices| async move {
             let mut conn = self.commands.clone();
-            let reply: redis::RedisResult<Vec<Value>> = send_script(&mut conn, |by_source| {
+            let reply: redis::RedisResult<Value> = send_script(&mut conn, |by_source| {
                 let mut cmd = Cmd::new();
                 if by_source {
                     cmd.arg("EVAL").arg(RENEW_MANY.source);
@@ -284,18 +277,8 @@ impl RedisBackend {
         });
         let mut renewed: Vec<Option<Result<bool, LockError>>> = items.iter().map(|_| None).collect();
         for (indices, reply) in futures_util::future::join_all(calls).await {
-            let results: Vec<redis::RedisResult<bool>> = match reply {
-                Ok(values) if values.len() == indices.len() => values
-                    .into_iter()
-                    .map(|value| match value {
-                        Value::Int(n) => Ok(n == 1),
-                        Value::BulkString(message) => Err(failed_in_script(&message)),
-                        _ => Err(unexpected_reply()),
-                    })
-                    .collect(),
-                Ok(_) => indices.iter().map(|_| Err(unexpected_reply())).collect(),
-                Err(e) => indices.iter().map(|_| Err(e.clone())).collect(),
-            };
+            let mut results = Vec::with_capacity(indices.len());
+            renewal_results(reply, indices.len(), &mut results);
             for (i, result) in indices.into_iter().zip(results) {
                 renewed[i] = Some(result.map_err(|e| self.error(items[i].keys, e)));
             }
@@ -441,14 +424,10 @@ impl Store for RedisBackend {
             register_ms: register,
             lease_ms: lease,
         };
-        let (code, fence, ms) = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
-        let (Ok(fence), ms) = (u64::try_from(fence), u64::try_from(ms).ok().map(Duration::from_millis)) else {
-            return Err(self.error(keys, unexpected_reply()));
-        };
-        let attempt = match (code, ms) {
-            (GRANTED, Some(lease)) => Attempt::Granted(Hold { fence, lease }),
-            (BUSY, remaining) => return Ok(Attempt::Busy { fence, remaining }),
-            _ => return Err(self.error(keys, unexpected_reply())),
+        let reply = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
+        let attempt = match attempt_of(reply).map_err(|e| self.error(keys, e))? {
+            busy @ Attempt::Busy { .. } => return Ok(busy),
+            granted => granted,
         };
         if let Err(e) = self.replicated(keys).await {
             // Not durable enough to use: give it back (best effort; otherwise it expires).
@@ -459,27 +438,25 @@ impl Store for RedisBackend {
     }
 
     async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError> {
-        let (fence, pttl): (i64, i64) = self
+        let reply: (i64, i64) = self
             .eval(&WITHDRAW, keys, |c| {
                 c.arg(1).arg(&keys.record).arg(token.as_str());
             })
             .await?;
-        Ok(match (u64::try_from(fence), u64::try_from(pttl)) {
-            (Ok(fence), Ok(ms)) => Some(Hold { fence, lease: Duration::from_millis(ms) }),
-            _ => None,
-        })
+        withdrawn(reply).map_err(|e| self.error(keys, e))
     }
 
     async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
-        let renewed: i64 = self
+        let reply: i64 = self
             .eval(&RENEW, keys, |c| {
                 c.arg(1).arg(&keys.record).arg(token.as_str()).arg(millis(ttl));
             })
             .await?;
-        if renewed == 1 {
+        let renewed = renew_outcome(reply).map_err(|e| self.error(keys, e))?;
+        if renewed {
             self.replicated(keys).await?;
         }
-        Ok(renewed == 1)
+        Ok(renewed)
     }
 
     /// The renewals in one round trip: one RENEW_MANY call per [`RENEWALS_PER_CALL`] locks, pipelined; if the
@@ -517,17 +494,7 @@ impl Store for RedisBackend {
         // One reply per lock, in order: each call's results, or its error for each of its locks.
         let mut renewed: Vec<redis::RedisResult<bool>> = Vec::with_capacity(items.len());
         for (reply, chunk) in replies.into_iter().zip(items.chunks(RENEWALS_PER_CALL)) {
-            match reply {
-                Ok(Value::Array(results)) if results.len() == chunk.len() => {
-                    renewed.extend(results.into_iter().map(|result| match result {
-                        Value::Int(n) => Ok(n == 1),
-                        Value::BulkString(message) => Err(failed_in_script(&message)),
-                        _ => Err(unexpected_reply()),
-                    }));
-                }
-                Ok(_) => renewed.extend(chunk.iter().map(|_| Err(unexpected_reply()))),
-                Err(e) => renewed.extend(chunk.iter().map(|_| Err(e.clone()))),
-            }
+            renewal_results(reply, chunk.len(), &mut renewed);
         }
         // One WAIT covers the whole batch: a renewal the replicas did not get does not count (it is retried).
         let shortfall = self.replication_shortfall().await;
@@ -555,13 +522,8 @@ impl Store for RedisBackend {
         // A keep that rounds to 0 ms would mean "delete": keep at least 1 ms.
         let keep_ms = keep.map_or(0, |k| millis(k).max(1));
         let op = Op::Release { record: Cow::Borrowed(&keys.record), token: token.clone(), keep_ms };
-        let (outcome, ..) = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
-        match outcome {
-            RELEASED => Ok(ReleaseOutcome::Released),
-            TAKEN_BY_OTHER => Ok(ReleaseOutcome::TakenByOther),
-            EXPIRED => Ok(ReleaseOutcome::Expired),
-            _ => Err(self.error(keys, unexpected_reply())),
-        }
+        let (code, ..) = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
+        release_outcome(code).map_err(|e| self.error(keys, e))
     }
 
     async fn remaining(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Duration>, LockError> {
@@ -570,14 +532,11 @@ impl Store for RedisBackend {
                 c.arg(1).arg(&keys.record).arg(token.as_str());
             })
             .await?;
-        Ok(match pttl {
-            -2 => None,
-            // Ours without expiry cannot happen through this crate; report it as "as long as you like".
-            -1 => Some(Duration::MAX),
-            ms => Some(Duration::from_millis(ms.max(0) as u64)),
-        })
+        remaining_of(pttl).map_err(|e| self.error(keys, e))
     }
 
+    /// INFO replies `{metadata, fence, PTTL, queue length}`: the script splits the record
+    /// `<token><mark><fence>:<metadata>` (scripts.rs, "The record") and sends everything but the token.
     async fn info(&self, keys: &LockKeys) -> Result<Option<LockInfo>, LockError> {
         let info: Option<(String, u64, i64, usize)> = self
             .eval(&INFO, keys, |c| {
@@ -632,6 +591,22 @@ fn connection_info(url: &str, server: &str) -> Result<redis::ConnectionInfo, Loc
     // flight on one connection, a request would wait for an earlier reply (a round trip) or the server's delayed
     // ACK. Redis sends its replies with TCP_NODELAY; both of our connections send with it too.
     Ok(info.set_tcp_settings(TcpSettings::default().set_nodelay(true)))
+}
+
+/// A RENEW_MANY call's reply for its `count` locks, appended to `out` in order: each lock's outcome, the error
+/// message the script caught for it, or the call's own error for every one.
+fn renewal_results(reply: redis::RedisResult<Value>, count: usize, out: &mut Vec<redis::RedisResult<bool>>) {
+    match reply {
+        Ok(Value::Array(results)) if results.len() == count => {
+            out.extend(results.into_iter().map(|result| match result {
+                Value::Int(n) => renew_outcome(n),
+                Value::BulkString(message) => Err(failed_in_script(&message)),
+                _ => Err(unexpected_reply()),
+            }));
+        }
+        Ok(_) => out.extend((0..count).map(|_| Err(unexpected_reply()))),
+        Err(e) => out.extend((0..count).map(|_| Err(e.clone()))),
+    }
 }
 
 fn is_noscript(e: &redis::RedisError) -> bool {

@@ -1,22 +1,141 @@
-//! The Lua scripts: each operation is one script call, so one round trip, with keys and values only in
-//! KEYS and ARGV. Under load, concurrent acquires and releases share one call ([`BATCH`]).
+//! The Lua scripts (`lua/*.lua`): each operation is one script call, so one round trip, with keys and values
+//! only in KEYS and ARGV. Under load, concurrent acquires and releases share one call ([`BATCH`]). Each script
+//! file opens with its KEYS, ARGV and reply; a line `-- #include a b` pulls in the shared files `a.lua` and
+//! `b.lua` there (`record` names the record's fields and the reply codes, the others define functions).
 //!
-//! KEYS[1] is always the lock's record. Its other keys are named after it, so they share its hash tag (and
-//! cluster slot): `:fence` the last fencing token (kept for a retention, see [`next_fence`]), `:queue` the wait queue (a sorted set of waiter tokens in
-//! arrival order), `:waiter:<token>` each waiter's details (`<hand-over lease ms>:<metadata>`, which Redis
-//! expires when the waiter stops refreshing its place) and `:released` the channel hand-overs are published
-//! on. Passing one key instead of four is a third of an acquire's cost in Redis.
+//! # Keys
 //!
-//! The record is one string, `<token><mark><fence>:<metadata>`: cheaper for Redis than a hash, and the
+//! KEYS[1] is always the lock's record, `R` = `<prefix>{<escaped key>}`. The scripts also reach keys named
+//! after it that they do not receive in KEYS: `R:fence` the last fencing token (kept for a retention, see
+//! `fence.lua`), `R:queue` the wait queue (a sorted set of waiter tokens in arrival order),
+//! `R:waiter:<token>` each waiter's details (`<hand-over lease ms>:<metadata>`, which Redis expires when the
+//! waiter stops refreshing its place), and they publish on the channel `R:released`. A hand-over reaches the
+//! heir's `R:waiter:<heir>`, which the caller cannot name in advance, so not every key could be declared
+//! anyway. Every derived key starts with `R` and so carries its hash tag `{<escaped key>}`, the only braces
+//! in it (the user's key is escaped, see `LockKeys`): all of a lock's keys hash to the record's slot by
+//! construction (`tests/tests/keys.rs` checks it with `CLUSTER KEYSLOT`). That is all Redis Cluster needs of
+//! a script's keys in practice; a Cluster store (a later issue) would still have to route each call by the
+//! record's slot, and use sharded pub/sub for the channel.
+//!
+//! Declaring `R:fence` and `R:queue` too would not cost Redis much: with them passed as KEYS[2] and KEYS[3]
+//! (and used instead of concatenating), ACQUIRE measured 5.4–6.0 µs per call against 5.6–5.9 with one key,
+//! RELEASE 2.08–2.18 against 1.90–2.06 (redis-server 7.0, 64 locks cycling acquire then release, EVALSHA
+//! pipelined, `INFO commandstats` usec_per_call, five interleaved runs on a shared 2-core machine). They stay
+//! undeclared because the heir's waiter key cannot be declared, and three key strings per operation would
+//! cost the client instead.
+//!
+//! # The record
+//!
+//! One string, `<token><mark><fence>:<metadata>` ([`record`]): cheaper for Redis than a hash, and the
 //! 32-character token at its start is all that renew and release compare. The mark is `:`, or `+` once a
 //! waiter may have queued behind this holder: only then does a release look at the queue. While
 //! `min_hold` keeps a released lock, the token is replaced by dashes, which no hex token can equal.
 //!
 //! A release (or an expiry noticed by an acquire) hands the lock straight to the longest-waiting live waiter
-//! and publishes `<its token>:<fence>:<hand-over lease ms>` on `<record>:released`: waiters are served in order, and the next
-//! holder has the lock one message after the release instead of racing for it.
+//! and publishes `<its token>:<fence>:<hand-over lease ms>` on `R:released`: waiters are served in order, and
+//! the next holder has the lock one message after the release instead of racing for it.
 
 use once_cell::sync::Lazy;
+
+/// Where the fields of a lock record lie, as Lua's 1-based string positions (`record.lua` names the same
+/// values; a unit test ties them together). The record is `<token><mark><fence>:<metadata>`.
+#[cfg_attr(not(test), expect(dead_code, reason = "only the scripts read records; Rust checks their offsets"))]
+pub(super) mod record {
+    use crate::token::TOKEN_LEN;
+
+    /// The last character of the owner token: `string.sub(v, 1, TOKEN_END)` is the owner.
+    pub(in super::super) const TOKEN_END: usize = TOKEN_LEN;
+    /// The mark: `:` held, `+` a waiter may be queued behind this holder.
+    pub(in super::super) const MARK_AT: usize = TOKEN_LEN + 1;
+    /// The fencing token's first digit.
+    pub(in super::super) const FENCE_AT: usize = TOKEN_LEN + 2;
+    /// The mark of a record a waiter may be queued behind.
+    pub(in super::super) const QUEUED_MARK: u8 = b'+';
+}
+
+/// What the scripts reply (`record.lua` names the same values; a unit test ties them together). A reply the
+/// client does not know is an error, never taken for one of these.
+pub(super) mod reply {
+    use std::time::Duration;
+
+    use super::super::unexpected_reply;
+    use crate::backend::{Attempt, Hold};
+    use crate::ReleaseOutcome;
+
+    /// ACQUIRE's first value: the lock is the caller's.
+    pub(in super::super) const GRANTED: i64 = 1;
+    /// ACQUIRE's first value: another grant holds the lock.
+    pub(in super::super) const BUSY: i64 = 0;
+    /// RELEASE: the token's grant was given back.
+    pub(in super::super) const RELEASED: i64 = 1;
+    /// RELEASE: nobody holds the lock (the grant expired).
+    pub(in super::super) const EXPIRED: i64 = 0;
+    /// RELEASE: another grant holds the lock.
+    pub(in super::super) const TAKEN_BY_OTHER: i64 = 2;
+    /// RENEW: the lease now runs for the ttl from now.
+    pub(in super::super) const RENEWED: i64 = 1;
+    /// RENEW: the token no longer owns the lock.
+    pub(in super::super) const NOT_OWNER: i64 = 0;
+    /// REMAINING: the token does not own the lock.
+    pub(in super::super) const NOT_HELD: i64 = -2;
+    /// WITHDRAW's first value: the lock was not handed to the token.
+    pub(in super::super) const NOT_HANDED: i64 = -1;
+    /// BATCH: this operation failed inside the script (the message follows).
+    pub(in super::super) const FAILED: i64 = -1;
+
+    /// An ACQUIRE reply `(code, fence, ms)`: granted for `ms`, or busy with the holder's fence and PTTL (negative:
+    /// unknown). Any other code, or a negative fence or grant, is an error: a script this client does not know.
+    pub(in super::super) fn attempt_of((code, fence, ms): (i64, i64, i64)) -> redis::RedisResult<Attempt> {
+        let (Ok(fence), ms) = (u64::try_from(fence), u64::try_from(ms).ok().map(Duration::from_millis)) else {
+            return Err(unexpected_reply());
+        };
+        match (code, ms) {
+            (GRANTED, Some(lease)) => Ok(Attempt::Granted(Hold { fence, lease })),
+            (BUSY, remaining) => Ok(Attempt::Busy { fence, remaining }),
+            _ => Err(unexpected_reply()),
+        }
+    }
+
+    /// A RELEASE reply; any other code is an error.
+    pub(in super::super) fn release_outcome(code: i64) -> redis::RedisResult<ReleaseOutcome> {
+        match code {
+            RELEASED => Ok(ReleaseOutcome::Released),
+            TAKEN_BY_OTHER => Ok(ReleaseOutcome::TakenByOther),
+            EXPIRED => Ok(ReleaseOutcome::Expired),
+            _ => Err(unexpected_reply()),
+        }
+    }
+
+    /// A RENEW reply: whether the lease was extended; any other code is an error.
+    pub(in super::super) fn renew_outcome(code: i64) -> redis::RedisResult<bool> {
+        match code {
+            RENEWED => Ok(true),
+            NOT_OWNER => Ok(false),
+            _ => Err(unexpected_reply()),
+        }
+    }
+
+    /// A REMAINING reply: the lease left, `None` when the token does not own the lock.
+    pub(in super::super) fn remaining_of(pttl: i64) -> redis::RedisResult<Option<Duration>> {
+        match pttl {
+            NOT_HELD => Ok(None),
+            // Ours without expiry cannot happen through this crate; report it as "as long as you like".
+            -1 => Ok(Some(Duration::MAX)),
+            ms => u64::try_from(ms).map(|ms| Some(Duration::from_millis(ms))).map_err(|_| unexpected_reply()),
+        }
+    }
+
+    /// A WITHDRAW reply: the hold, if the lock was handed to the waiter meanwhile.
+    pub(in super::super) fn withdrawn((fence, pttl): (i64, i64)) -> redis::RedisResult<Option<Hold>> {
+        match (fence, u64::try_from(fence), u64::try_from(pttl)) {
+            (NOT_HANDED, ..) => Ok(None),
+            (_, Ok(fence), Ok(ms)) => Ok(Some(Hold { fence, lease: Duration::from_millis(ms) })),
+            // Handed to it, but expired by the time PTTL ran (-2) or without expiry (-1, not written by us).
+            (_, Ok(_), Err(_)) => Ok(None),
+            _ => Err(unexpected_reply()),
+        }
+    }
+}
 
 /// A Lua script with its SHA1, sent as EVALSHA and, when the server has not cached it (after a restart or
 /// SCRIPT FLUSH), once more as EVAL, which caches it again.
@@ -26,326 +145,169 @@ pub(super) struct LuaScript {
 }
 
 impl LuaScript {
-    fn new(source: &'static str) -> Self {
+    /// `file` with each `-- #include` line replaced by the files it names.
+    fn new(file: &'static str) -> Self {
+        let source: &'static str = Box::leak(compose(file).into_boxed_str());
         Self { source, sha: redis::Script::new(source).get_hash().to_owned() }
     }
 }
 
-/// Lua statements that take the lock's next fencing token into `fence` (a decimal string; `R` in scope):
-/// `max(last token + 1, the server's clock in µs)`, where the last token is kept in `<record>:fence` for the
-/// grant's lease (`$px`, ms) + 60 s ([`FENCE_RETENTION`](crate::backend::FENCE_RETENTION)). The clock keeps
-/// tokens rising when that key is gone (a restart without persistence, FLUSHALL, a failover to a replica that
-/// missed it, or the retention passed); the key keeps them strictly rising within one microsecond and across
-/// a clock step back shorter than its life. `%d`: Lua would print a 16-digit number as `1.79e+15`.
-macro_rules! next_fence {
-    ($px:literal) => {
-        concat!(
-            r"local t = redis.call('time')
-  local fence = string.format('%d', t[1] * 1000000 + t[2])
-  local last = redis.call('set', R .. ':fence', fence, 'px', ",
-            $px,
-            r" + 60000, 'get')
-  if last and tonumber(last) >= tonumber(fence) then
-    fence = string.format('%d', tonumber(last) + 1)
-    redis.call('set', R .. ':fence', fence, 'px', ",
-            $px,
-            r" + 60000)
-  end
-"
-        )
-    };
+/// The files scripts include, by name.
+const SHARED: [(&str, &str); 7] = [
+    ("record", include_str!("lua/record.lua")),
+    ("fence", include_str!("lua/fence.lua")),
+    ("hand_over", include_str!("lua/hand_over.lua")),
+    ("queue", include_str!("lua/queue.lua")),
+    ("acquire_fn", include_str!("lua/acquire_fn.lua")),
+    ("release_fn", include_str!("lua/release_fn.lua")),
+    ("renew_fn", include_str!("lua/renew_fn.lua")),
+];
+
+const INCLUDE: &str = "-- #include ";
+
+fn compose(file: &str) -> String {
+    let mut out = String::with_capacity(file.len() * 4);
+    for line in file.lines() {
+        match line.strip_prefix(INCLUDE) {
+            Some(names) => {
+                for name in names.split_whitespace() {
+                    let shared = SHARED.iter().find(|(n, _)| *n == name).map(|(_, text)| text);
+                    // A misspelt include is caught by the unit tests, which build every script.
+                    out.push_str(shared.unwrap_or_else(|| panic!("lua/{name}.lua is not a shared script file")));
+                }
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
 }
 
-/// Grants a free lock nobody queued for (R, token, ttl and meta in scope), returning `<open>1, fence, ttl<close>`.
-macro_rules! free_lock_fast_path {
-    ($open:literal, $close:literal) => {
-        concat!(
-            r"if redis.call('exists', R, R .. ':queue') == 0 then
-  ",
-            next_fence!("ttl"),
-            r"  redis.call('set', R, token .. ':' .. fence .. ':' .. meta, 'px', ttl)
-  return ",
-            $open,
-            "1, tonumber(fence), tonumber(ttl)",
-            $close,
-            "\nend\n"
-        )
-    };
-}
-
-/// The Lua functions the scripts share; each script defines only those it calls, as defining them costs Redis
-/// time on every call.
-///
-/// `hand_over(R)` gives a free lock to the longest-waiting waiter still refreshing its place, for the hand-over
-/// lease it registered, and announces `<heir>:<fence>:<lease ms>`; the heir's token, or nil when nobody waits.
-macro_rules! hand_over_fn {
-    () => {
-        concat!(
-            r"local function hand_over(R)
-  local Q = R .. ':queue'
-  while true do
-    local heir = redis.call('zpopmin', Q)[1]
-    if not heir then return nil end
-    -- A waiter that stopped refreshing its place has no details left: Redis expired them.
-    local w = redis.call('getdel', R .. ':waiter:' .. heir)
-    if w then
-      local lease, meta = string.match(w, '^(%d+):(.*)$')
-      ",
-            next_fence!("lease"),
-            r"      redis.call('set', R, heir .. '+' .. fence .. ':' .. meta, 'px', lease)
-      redis.call('publish', R .. ':released', heir .. ':' .. fence .. ':' .. lease)
-      return heir
-    end
-  end
-end
-"
-        )
-    };
-}
-
-/// `fence_of(record value)` and `enqueue(R, v, token, register ms, hand-over lease ms, metadata)`: a busy
-/// attempt's place in the queue, taken or refreshed.
-macro_rules! queue_fns {
-    () => {
-        r"local function fence_of(v)
-  return tonumber(string.match(v, '^(%d+)', 34))
-end
-local function enqueue(R, v, token, register, lease, meta)
-  local Q = R .. ':queue'
-  if string.byte(v, 33) ~= 43 then
-    redis.call('set', R, string.sub(v, 1, 32) .. '+' .. string.sub(v, 34), 'keepttl')
-  end
-  if not redis.call('zscore', Q, token) then
-    local t = redis.call('time')
-    redis.call('zadd', Q, t[1] * 1000000 + t[2], token)
-  end
-  redis.call('set', R .. ':waiter:' .. token, lease .. ':' .. meta, 'px', register)
-  if redis.call('pttl', Q) < register then redis.call('pexpire', Q, register) end
-end
-"
-    };
-}
-
-/// `acquire(R, token, ttl ms, metadata, register ms (0: do not queue), hand-over lease ms)` → code, fence, ms.
-/// 1, fence, ttl: the lock is this token's for `ttl` from now, granted now or claimed (a hand-over to this
-/// token, made by a release since its last busy attempt or by this call, is stretched to the full ttl).
-/// 0, the holder's fence, its PTTL: busy (and, with register > 0, queued or refreshed in the queue).
-/// The common case, a free lock nobody waits for, comes first: EXISTS, TIME, SET the fence, SET the record.
-/// Needs the functions above.
-macro_rules! acquire_fn {
-    () => {
-        concat!(
-            "local function acquire(R, token, ttl, meta, register, lease)\n",
-            free_lock_fast_path!("", ""),
-            r"  local v = redis.call('get', R)
-  if not v and hand_over(R) then v = redis.call('get', R) end
-  if v then
-    if string.sub(v, 1, 32) == token then
-      redis.call('pexpire', R, ttl)
-      return 1, fence_of(v), tonumber(ttl)
-    end
-    register = tonumber(register)
-    if register > 0 then enqueue(R, v, token, register, lease, meta) end
-    return 0, fence_of(v), redis.call('pttl', R)
-  end
-  ",
-            next_fence!("ttl"),
-            r"  redis.call('set', R, token .. ':' .. fence .. ':' .. meta, 'px', ttl)
-  return 1, tonumber(fence), tonumber(ttl)
-end
-"
-        )
-    };
-}
-
-/// `release(R, token, keep ms (0: free it now), the record's value)` → 1 released, 0 expired (no owner), 2
-/// owned by another token. Freeing hands the lock to the next live waiter, if the record's mark says one may
-/// be queued. Needs `hand_over`.
-macro_rules! release_fn {
-    () => {
-        r"local function release(R, token, keep, v)
-  if not v then return 0 end
-  local owner = string.sub(v, 1, 32)
-  if owner ~= token then
-    if owner == string.rep('-', 32) then return 0 end
-    return 2
-  end
-  if keep == '0' then
-    -- A hand-over overwrites the record; without an heir it goes.
-    if string.byte(v, 33) ~= 43 or not hand_over(R) then redis.call('del', R) end
-  else
-    redis.call('set', R, string.rep('-', 32) .. string.sub(v, 33), 'px', keep)
-  end
-  return 1
-end
-"
-    };
-}
-
-/// ARGV: token, ttl ms, metadata[, register ms, hand-over lease ms (both 0 when left out)].
-/// {code, fence, ms} as `acquire` returns them.
-/// The common case runs before the functions are even defined: defining them is much of a script's cost.
-pub(super) static ACQUIRE: Lazy<LuaScript> = Lazy::new(|| {
-    LuaScript::new(concat!(
-        "local R, token, ttl, meta = KEYS[1], ARGV[1], ARGV[2], ARGV[3]\n",
-        free_lock_fast_path!("{", "}"),
-        hand_over_fn!(),
-        queue_fns!(),
-        acquire_fn!(),
-        "return {acquire(R, token, ttl, meta, ARGV[4] or '0', ARGV[5] or '0')}"
-    ))
-});
-
-/// ARGV: token[, keep ms (0 when left out)]. The outcome as `release` returns it.
-/// The common case, the owner freeing a lock nobody queued for, runs before the functions are defined.
-pub(super) static RELEASE: Lazy<LuaScript> = Lazy::new(|| {
-    LuaScript::new(concat!(
-        r"local R, token, keep = KEYS[1], ARGV[1], ARGV[2] or '0'
-local v = redis.call('get', R)
-if v and keep == '0' and string.sub(v, 1, 32) == token and string.byte(v, 33) ~= 43 then
-  redis.call('del', R)
-  return 1
-end
-",
-        hand_over_fn!(),
-        release_fn!(),
-        "return release(R, token, keep, v)"
-    ))
-});
-
-/// Several acquires and releases, of any locks, in one call: Redis spends most of a small script's time on
-/// the call itself, so under load one call for many operations is what keeps up with plain SET/DEL.
-/// KEYS: each operation's record, in order. ARGV[1]: one letter per operation, then each one's ARGV in
-/// order: `a` acquire (token, ttl, metadata), `q` acquire and queue (the same, register, lease), `r` release
-/// (token), `k` release but keep (token, keep). Returns three values per operation: {code, fence, ms} as above
-/// (a release's last two are 0), or {-1, message, 0} when that operation failed (the others still ran).
-pub(super) static BATCH: Lazy<LuaScript> = Lazy::new(|| {
-    LuaScript::new(concat!(
-        hand_over_fn!(),
-        queue_fns!(),
-        acquire_fn!(),
-        release_fn!(),
-        r"-- Every command of an operation runs under its pcall, so its failure is its own.
-local function release_op(R, token, keep)
-  return release(R, token, keep, redis.call('get', R))
-end
-local out = {}
-local ops = ARGV[1]
-local a = 2
-for i = 1, #ops do
-  local op = string.byte(ops, i)
-  local ok, code, fence, ms
-  if op == 97 then
-    ok, code, fence, ms = pcall(acquire, KEYS[i], ARGV[a], ARGV[a + 1], ARGV[a + 2], '0', '0')
-    a = a + 3
-  elseif op == 113 then
-    ok, code, fence, ms = pcall(acquire, KEYS[i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
-    a = a + 5
-  elseif op == 114 then
-    ok, code = pcall(release_op, KEYS[i], ARGV[a], '0')
-    a = a + 1
-  else
-    ok, code = pcall(release_op, KEYS[i], ARGV[a], ARGV[a + 1])
-    a = a + 2
-  end
-  if ok then
-    out[3 * i - 2], out[3 * i - 1], out[3 * i] = code, fence or 0, ms or 0
-  else
-    out[3 * i - 2], out[3 * i - 1], out[3 * i] = -1, type(code) == 'table' and code.err or tostring(code), 0
-  end
-end
-return out"
-    ))
-});
-
-/// `renew(R, token, ttl ms)` → 1 when renewed, 0 when the token no longer owns the lock.
-macro_rules! renew_fn {
-    () => {
-        r"local function renew(R, token, ttl)
-  local v = redis.call('get', R)
-  if v and string.sub(v, 1, 32) == token then return redis.call('pexpire', R, ttl) end
-  return 0
-end
-"
-    };
-}
-
-/// ARGV: token, ttl ms. As `renew`.
-pub(super) static RENEW: Lazy<LuaScript> =
-    Lazy::new(|| LuaScript::new(concat!(renew_fn!(), "return renew(KEYS[1], ARGV[1], ARGV[2])")));
-
-/// The renewals that came due together, in one call: KEYS the records, ARGV each one's token and ttl ms in
-/// order. One result per lock, as `renew`, or the error message when that lock's renewal failed.
-pub(super) static RENEW_MANY: Lazy<LuaScript> = Lazy::new(|| {
-    LuaScript::new(concat!(
-        renew_fn!(),
-        r"local out = {}
-for i = 1, #KEYS do
-  local ok, result = pcall(renew, KEYS[i], ARGV[2 * i - 1], ARGV[2 * i])
-  if ok then
-    out[i] = result
-  else
-    out[i] = type(result) == 'table' and result.err or tostring(result)
-  end
-end
-return out"
-    ))
-});
-
-/// ARGV: token. Leaves the queue; {fence, PTTL} if the lock was handed to this token meanwhile, else {-1, 0}.
-pub(super) static WITHDRAW: Lazy<LuaScript> = Lazy::new(|| {
-    LuaScript::new(concat!(
-        queue_fns!(),
-        r"redis.call('zrem', KEYS[1] .. ':queue', ARGV[1])
-redis.call('del', KEYS[1] .. ':waiter:' .. ARGV[1])
-local v = redis.call('get', KEYS[1])
-if v and string.sub(v, 1, 32) == ARGV[1] then return {fence_of(v), redis.call('pttl', KEYS[1])} end
-return {-1, 0}"
-    ))
-});
-
-/// ARGV: token. The PTTL if the token owns the lock, else -2.
-pub(super) static REMAINING: Lazy<LuaScript> = Lazy::new(|| {
-    LuaScript::new(
-        r"local v = redis.call('get', KEYS[1])
-if v and string.sub(v, 1, 32) == ARGV[1] then return redis.call('pttl', KEYS[1]) end
-return -2",
-    )
-});
-
-/// {metadata, fence, pttl, queue length}, or nil when nobody holds the lock.
-pub(super) static INFO: Lazy<LuaScript> = Lazy::new(|| {
-    LuaScript::new(
-        r"local v = redis.call('get', KEYS[1])
-if not v then return nil end
-local fence, meta = string.match(v, '^(%d+):(.*)$', 34)
-return {meta or '', tonumber(fence) or 0, redis.call('pttl', KEYS[1]), redis.call('zcard', KEYS[1] .. ':queue')}",
-    )
-});
-
-/// ARGV: the wake-all message ([`WAKE_ALL`](crate::backend::WAKE_ALL)). Deletes the record and the wait queue
-/// (no hand-over: the queue's head may have died) and tells every waiter to try again. 1 if a lock was
-/// deleted, else 0.
-pub(super) static FORCE_UNLOCK: Lazy<LuaScript> = Lazy::new(|| {
-    LuaScript::new(
-        r"local n = redis.call('del', KEYS[1])
-redis.call('del', KEYS[1] .. ':queue')
-redis.call('publish', KEYS[1] .. ':released', ARGV[1])
-return n",
-    )
-});
+pub(super) static ACQUIRE: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/acquire.lua")));
+pub(super) static RELEASE: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/release.lua")));
+pub(super) static BATCH: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/batch.lua")));
+pub(super) static RENEW: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/renew.lua")));
+pub(super) static RENEW_MANY: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/renew_many.lua")));
+pub(super) static WITHDRAW: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/withdraw.lua")));
+pub(super) static REMAINING: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/remaining.lua")));
+pub(super) static INFO: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/info.lua")));
+pub(super) static FORCE_UNLOCK: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/force_unlock.lua")));
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{CHANNEL, FENCE};
+    use crate::backend::{CHANNEL, FENCE, FENCE_RETENTION};
+
+    fn all() -> [(&'static str, &'static LuaScript); 9] {
+        [
+            ("acquire", &ACQUIRE),
+            ("release", &RELEASE),
+            ("batch", &BATCH),
+            ("renew", &RENEW),
+            ("renew_many", &RENEW_MANY),
+            ("withdraw", &WITHDRAW),
+            ("remaining", &REMAINING),
+            ("info", &INFO),
+            ("force_unlock", &FORCE_UNLOCK),
+        ]
+    }
+
+    /// Every value `record.lua` names, as the Rust side derives it.
+    fn rust_values() -> Vec<(&'static str, String)> {
+        use record::*;
+        use reply::*;
+        vec![
+            ("TOKEN_END", TOKEN_END.to_string()),
+            ("MARK_AT", MARK_AT.to_string()),
+            ("FENCE_AT", FENCE_AT.to_string()),
+            ("QUEUED_MARK", QUEUED_MARK.to_string()),
+            ("NOBODY", format!("'{}'", "-".repeat(TOKEN_END))),
+            ("RETENTION_MS", FENCE_RETENTION.as_millis().to_string()),
+            ("BUSY", BUSY.to_string()),
+            ("GRANTED", GRANTED.to_string()),
+            ("EXPIRED", EXPIRED.to_string()),
+            ("RELEASED", RELEASED.to_string()),
+            ("TAKEN_BY_OTHER", TAKEN_BY_OTHER.to_string()),
+            ("NOT_OWNER", NOT_OWNER.to_string()),
+            ("RENEWED", RENEWED.to_string()),
+            ("NOT_HELD", NOT_HELD.to_string()),
+            ("NOT_HANDED", NOT_HANDED.to_string()),
+            ("FAILED", FAILED.to_string()),
+        ]
+    }
+
+    /// `record.lua` holds exactly the values the Rust side derives from the token length and its reply
+    /// constants, one `local NAME = value` each.
+    #[test]
+    fn record_lua_names_the_values_rust_derives() {
+        let lua: Vec<(String, String)> = include_str!("lua/record.lua")
+            .lines()
+            .filter_map(|line| line.strip_prefix("local "))
+            .map(|decl| {
+                let (name, value) = decl.split_once(" = ").unwrap_or_else(|| panic!("not `local N = v`: {decl}"));
+                (name.to_owned(), value.to_owned())
+            })
+            .collect();
+        let rust = rust_values();
+        assert_eq!(lua.len(), rust.len(), "record.lua: {lua:?}");
+        for (name, value) in rust {
+            let found = lua.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+            assert_eq!(found, Some(value.as_str()), "{name} in record.lua");
+        }
+    }
+
+    /// No other script file writes a record offset, the token length or NOBODY itself: they use the names.
+    #[test]
+    fn offsets_appear_only_in_record_lua() {
+        let token = record::TOKEN_END;
+        let numbers = [token, token + 1, token + 2].map(|n| n.to_string());
+        for (_, script) in all() {
+            let script = script.source;
+            let body = script.split_once("local FAILED = ").map_or(script, |(_, rest)| rest);
+            let code: String = body.lines().filter(|l| !l.trim_start().starts_with("--")).collect();
+            for number in &numbers {
+                let hits = code.match_indices(number.as_str()).filter(|(i, _)| {
+                    let before = code[..*i].chars().next_back().is_some_and(|c| c.is_ascii_alphanumeric());
+                    let after = code[i + number.len()..].chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+                    !before && !after
+                });
+                assert_eq!(hits.count(), 0, "a literal {number} in\n{code}");
+            }
+            assert!(!code.contains("string.rep('-'"), "the no-owner token spelt out in\n{code}");
+        }
+    }
+
+    /// Every script starts with its header, every include resolves, and the shared names come first.
+    #[test]
+    fn scripts_open_with_their_header_and_compose() {
+        for (name, script) in all() {
+            let header = format!("-- {}:", name.to_uppercase());
+            assert!(script.source.starts_with(&header), "{name} does not open with `{header}`");
+            assert!(!script.source.contains(INCLUDE), "an include left in {name}");
+            let record = script.source.find("local TOKEN_END").expect("record.lua included");
+            let code = script.source.find("redis.call").expect("a command");
+            assert!(record < code, "{name} uses the record's names before defining them");
+        }
+    }
+
+    /// The common paths run before any function but the fence's is defined: defining functions costs Redis
+    /// time on every call.
+    #[test]
+    fn fast_paths_come_before_the_functions() {
+        for (script, fast) in [(&*ACQUIRE, "if redis.call('exists'"), (&*RELEASE, "redis.call('del', R)")] {
+            let fast = script.source.find(fast).expect("fast path");
+            let first_other_fn = script.source.find("local function hand_over").expect("hand_over");
+            assert!(fast < first_other_fn, "{}", script.source);
+        }
+    }
 
     /// Every grant keeps the last fencing token for its lease plus the retention the client documents.
     #[test]
     fn scripts_keep_the_fence_for_the_documented_retention() {
-        let retention = format!(" + {}, 'get')", crate::backend::FENCE_RETENTION.as_millis());
         for script in [&*ACQUIRE, &*BATCH, &*RELEASE] {
-            assert!(script.source.contains(&retention), "{retention} in\n{}", script.source);
+            assert!(script.source.contains("'px', px + RETENTION_MS, 'get')"), "{}", script.source);
             assert!(!script.source.contains("'incr'"), "a fence without expiry in\n{}", script.source);
         }
     }
@@ -356,5 +318,48 @@ mod tests {
         for suffix in [FENCE, CHANNEL] {
             assert!(ACQUIRE.source.contains(&format!("R .. '{suffix}'")), "{suffix}");
         }
+    }
+}
+
+#[cfg(test)]
+mod reply_tests {
+    use super::reply::*;
+    use crate::backend::{Attempt, Hold};
+    use crate::ReleaseOutcome;
+    use std::time::Duration;
+
+    /// A code no script sends is an error, never taken for busy, expired or not renewed.
+    #[test]
+    fn unknown_reply_codes_are_errors() {
+        for code in [-1, 2, 7] {
+            assert!(attempt_of((code, 5, 100)).is_err(), "acquire code {code}");
+        }
+        for code in [-1, 3, 7] {
+            assert!(release_outcome(code).is_err(), "release code {code}");
+        }
+        for code in [-1, 2, 7] {
+            assert!(renew_outcome(code).is_err(), "renew code {code}");
+        }
+        assert!(withdrawn((-5, 0)).is_err());
+        assert!(remaining_of(-3).is_err());
+        assert!(attempt_of((GRANTED, -1, 100)).is_err(), "a negative fence");
+        assert!(attempt_of((GRANTED, 5, -1)).is_err(), "a grant without a lease");
+    }
+
+    /// The known codes map to what the scripts mean by them.
+    #[test]
+    fn known_reply_codes_map_to_their_outcomes() {
+        let hold = Hold { fence: 5, lease: Duration::from_millis(100) };
+        assert_eq!(attempt_of((GRANTED, 5, 100)).unwrap(), Attempt::Granted(hold));
+        assert_eq!(attempt_of((BUSY, 5, -2)).unwrap(), Attempt::Busy { fence: 5, remaining: None });
+        assert_eq!(release_outcome(RELEASED).unwrap(), ReleaseOutcome::Released);
+        assert_eq!(release_outcome(EXPIRED).unwrap(), ReleaseOutcome::Expired);
+        assert_eq!(release_outcome(TAKEN_BY_OTHER).unwrap(), ReleaseOutcome::TakenByOther);
+        assert!(renew_outcome(RENEWED).unwrap());
+        assert!(!renew_outcome(NOT_OWNER).unwrap());
+        assert_eq!(withdrawn((NOT_HANDED, 0)).unwrap(), None);
+        assert_eq!(withdrawn((5, 100)).unwrap(), Some(hold));
+        assert_eq!(remaining_of(NOT_HELD).unwrap(), None);
+        assert_eq!(remaining_of(100).unwrap(), Some(Duration::from_millis(100)));
     }
 }

@@ -1,0 +1,28 @@
+-- The names every script shares: where the fields of a lock record lie and what the scripts reply. Each value
+-- is tied to the Rust side (scripts.rs, `record` and `reply`) by a unit test; no other script file may write
+-- these numbers itself.
+--
+-- The record, at KEYS[1], is one string: <token><mark><fence>:<metadata>, where <token> is the holder's
+-- 32-hex-digit owner token, <mark> is ':' (nobody queued behind this holder) or '+' (a waiter may have),
+-- <fence> the grant's fencing token in decimal. While `min_hold` keeps a released lock, <token> is
+-- NOBODY, which no hex token can equal.
+local TOKEN_END = 32
+local MARK_AT = 33
+local FENCE_AT = 34
+local QUEUED_MARK = 43
+local NOBODY = '--------------------------------'
+-- How long past a grant's lease its fencing token is remembered, in ms (backend::FENCE_RETENTION).
+local RETENTION_MS = 60000
+-- First values of the acquire and release replies.
+local BUSY = 0
+local GRANTED = 1
+local EXPIRED = 0
+local RELEASED = 1
+local TAKEN_BY_OTHER = 2
+-- The renew reply; REMAINING's reply for a lock the token does not own; WITHDRAW's first value when the
+-- lock was not handed to the token; the code of one operation that failed inside BATCH or RENEW_MANY.
+local NOT_OWNER = 0
+local RENEWED = 1
+local NOT_HELD = -2
+local NOT_HANDED = -1
+local FAILED = -1

@@ -1,0 +1,15 @@
+-- RELEASE: gives a lock back.
+-- KEYS[1]: the record R. A hand-over also touches R:fence, R:queue and R:waiter:<heir> (same hash slot) and
+--   publishes on R:released.
+-- ARGV: token[, keep ms] ('0' when left out: free it now).
+-- Reply: RELEASED, EXPIRED or TAKEN_BY_OTHER, as `release` returns them.
+-- #include record
+local R, token, keep = KEYS[1], ARGV[1], ARGV[2] or '0'
+local v = redis.call('get', R)
+-- The common case, the owner freeing a lock nobody queued for, runs before the functions are defined.
+if v and keep == '0' and string.sub(v, 1, TOKEN_END) == token and string.byte(v, MARK_AT) ~= QUEUED_MARK then
+  redis.call('del', R)
+  return RELEASED
+end
+-- #include fence hand_over release_fn
+return release(R, token, keep, v)
