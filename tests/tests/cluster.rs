@@ -74,15 +74,34 @@ async fn tasks_over_every_primary_never_overlap() {
     }
 }
 
-/// Settings the cluster backend cannot honour yet are refused with a reason, not ignored.
-#[tokio::test]
-async fn replica_acknowledgement_on_a_cluster_is_refused_plainly() {
-    let cluster = tokio::task::spawn_blocking(RedisCluster::shared).await.expect("cluster");
-    let result =
-        Client::builder().redis_cluster(cluster.seeds()).wait_for_replicas(1, Duration::from_millis(50)).build().await;
-    match result {
-        Err(LockError::InvalidConfig(message)) => assert!(message.contains("wait_for_replicas"), "{message}"),
-        other => panic!("wait_for_replicas on a cluster was not refused: {other:?}"),
+/// With replica acknowledgement, a grant is on its shard's replica when `acquire` returns (the `WAIT` went to
+/// the node that serves the lock's slot); a cluster without seeds is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_are_on_the_shards_replica_with_acknowledgement() {
+    let fx = Fixture::cluster().await;
+    let cluster = fx.redis_cluster().expect("cluster fixture");
+    let prefix = fx.client().record_key("x");
+    let prefix = &prefix[..prefix.len() - "{x}".len()];
+    let client = Client::builder()
+        .redis_cluster(cluster.seeds())
+        .key_prefix(prefix)
+        .wait_for_replicas(1, Duration::from_millis(500))
+        .build()
+        .await
+        .expect("a cluster client with replica acknowledgement");
+    for key in ["acked-a", "acked-b", "acked-c", "acked-d"] {
+        let guard = client.lock(key).acquire().await.expect("granted and acknowledged");
+        let record = client.record_key(key);
+        let primary = cluster.primary_for(&record);
+        let replica = cluster.replicas_of(primary)[0];
+        let mut conn = cluster.node(replica).expect("replica").connection().await;
+        let () = redis::cmd("READONLY").query_async(&mut conn).await.expect("READONLY");
+        let value: Option<String> =
+            redis::cmd("GET").arg(&record).query_async(&mut conn).await.expect("GET on the replica");
+        let value = value.unwrap_or_else(|| panic!("{record} is not on its shard's replica when acquire returned"));
+        assert!(value.starts_with(guard.token().expose_secret()), "the replica holds another grant");
+        guard.extend(Duration::from_secs(60)).await.expect("an acknowledged extension");
+        guard.release().await.expect("release");
     }
     match Client::builder().redis_cluster(Vec::<String>::new()).build().await {
         Err(LockError::InvalidConfig(message)) => assert!(message.contains("at least one"), "{message}"),

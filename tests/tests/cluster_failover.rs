@@ -23,43 +23,50 @@ enum Failure {
 /// machine's 2 cores run 6 servers, the client and other tests).
 const HEALTHY_BOUND: Duration = Duration::from_millis(250);
 
-async fn client(cluster: &RedisCluster) -> Client {
-    Client::builder()
-        .redis_cluster(cluster.seeds())
-        .response_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .expect("cluster client")
+async fn client(cluster: &RedisCluster, acknowledged: bool) -> Client {
+    let builder = Client::builder().redis_cluster(cluster.seeds()).response_timeout(Duration::from_millis(500));
+    let builder = if acknowledged { builder.wait_for_replicas(1, Duration::from_millis(200)) } else { builder };
+    builder.build().await.expect("cluster client")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_hands_its_locks_on_after_the_failover() {
-    failover(Failure::Killed).await;
+    failover(Failure::Killed, false).await;
+}
+
+/// With replica acknowledgement every grant is on a replica before it counts, so the promoted one has it: the
+/// holder keeps its lock or is told it lost it, and nobody else holds it meanwhile. Two replicas per shard, so
+/// the promoted one still has a replica to acknowledge grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_with_acknowledged_grants_never_has_two_holders() {
+    failover(Failure::Killed, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_primary_is_routed_around_after_the_failover() {
-    failover(Failure::Hung).await;
+    failover(Failure::Hung, false).await;
 }
 
-async fn failover(failure: Failure) {
+async fn failover(failure: Failure, acknowledged: bool) {
     let _serial = serial().await;
-    let mut cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 1)).await.expect("cluster");
-    let holder_client = client(&cluster).await;
-    let waiter_client = client(&cluster).await;
+    let replicas = if acknowledged { 2 } else { 1 };
+    let mut cluster = tokio::task::spawn_blocking(move || RedisCluster::start(3, replicas)).await.expect("cluster");
+    let holder_client = client(&cluster, acknowledged).await;
+    let waiter_client = client(&cluster, acknowledged).await;
     let victim_key = "failover:held";
     let victim = cluster.primary_for(&holder_client.record_key(victim_key));
-    let replica = *cluster.replicas_of(victim).first().expect("the victim has a replica");
+    let candidates = cluster.replicas_of(victim);
+    assert!(!candidates.is_empty(), "the victim has no replica");
     let healthy_key = (0..)
         .map(|i| format!("failover:healthy-{i}"))
         .find(|k| cluster.primary_for(&holder_client.record_key(k)) != victim)
         .expect("a key on another shard");
 
     let holder = holder_client.lock(victim_key).ttl(Duration::from_secs(3)).acquire().await.expect("holder");
-    // The replica has the record (asynchronous replication) before the primary fails.
+    // The replica has the record before the primary fails (acknowledged, or replicated asynchronously).
     let primary_keys = cluster.cli(victim, &["DBSIZE"]);
     eventually(Duration::from_secs(5), "the record replicated", || async {
-        cluster.cli(replica, &["DBSIZE"]) == primary_keys
+        cluster.replicas_of(victim).iter().all(|&r| cluster.cli(r, &["DBSIZE"]) == primary_keys)
     })
     .await;
     let waiter = tokio::spawn({
@@ -107,7 +114,7 @@ async fn failover(failure: Failure) {
     };
     let failed_at = Instant::now();
     let promoted_at = tokio::task::spawn_blocking({
-        let cluster_ports: Vec<u16> = vec![replica];
+        let cluster_ports = candidates.clone();
         let cli = move |port: u16| {
             let out = std::process::Command::new("redis-cli")
                 .args(["-h", "127.0.0.1", "-p", &port.to_string(), "ROLE"])
@@ -117,8 +124,8 @@ async fn failover(failure: Failure) {
         };
         move || {
             let deadline = std::time::Instant::now() + Duration::from_secs(15);
-            while !cli(cluster_ports[0]) {
-                assert!(std::time::Instant::now() < deadline, "the replica was not promoted within 15 s");
+            while !cluster_ports.iter().any(|&port| cli(port)) {
+                assert!(std::time::Instant::now() < deadline, "no replica was promoted within 15 s");
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
@@ -126,7 +133,10 @@ async fn failover(failure: Failure) {
     .await
     .map(|()| Instant::now())
     .expect("promotion");
-    eprintln!("{failure:?}: replica promoted {:?} after the failure", promoted_at - failed_at);
+    eprintln!(
+        "{failure:?} (acknowledged: {acknowledged}): replica promoted {:?} after the failure",
+        promoted_at - failed_at
+    );
 
     // The holder lets go (or its lease ran out while its shard could not renew it); the waiter, on the new
     // primary, gets the lock — never while the holder's guard is valid.

@@ -145,6 +145,24 @@ impl Link {
         matches!(self, Link::Cluster(_))
     }
 
+    /// Runs `cmd` (one without keys, such as `WAIT`) on the server that holds `key`: on a cluster, the
+    /// primary serving `key`'s slot; otherwise the one server.
+    pub(super) async fn query_on_node_of<T: redis::FromRedisValue>(&self, cmd: Cmd, key: &str) -> RedisResult<T> {
+        match self {
+            Link::Cluster(link) => {
+                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+                    key,
+                    SlotAddr::Master,
+                )));
+                let result = link.connection().route_command(cmd, route).await;
+                link.note(&result);
+                Ok(redis::from_redis_value(result?)?)
+            }
+            other => cmd.query_async(&mut other.clone()).await,
+        }
+    }
+
     /// SUBSCRIBE on the connection (on a cluster, moved with its channel's slot; announcements are published
     /// cluster-wide, so any node hears them).
     pub(super) async fn subscribe(&mut self, channels: impl ToRedisArgs + Send + Sync) -> RedisResult<()> {

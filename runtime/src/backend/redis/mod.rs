@@ -143,12 +143,6 @@ impl RedisBackend {
         if seeds.is_empty() {
             return Err(LockError::InvalidConfig("redis_cluster needs at least one node URL to start from".into()));
         }
-        if settings.replicas.is_some() {
-            return Err(LockError::InvalidConfig(format!(
-                "{server}: wait_for_replicas is not supported on a Redis Cluster yet; without it a failover \
-                 can lose a grant the primary had not replicated (see the README's guarantees per backend)"
-            )));
-        }
         let mut infos = Vec::with_capacity(seeds.len());
         for seed in seeds {
             refuse_unchecked_tls(seed, &settings)?;
@@ -180,7 +174,8 @@ impl RedisBackend {
         link.on_rebuilt(subscriber.after_reconnect());
         let link = Link::Cluster(link);
         subscriber.use_connection(link.clone());
-        let backend = Self { server, commands: link.clone(), hot: Hot::Direct(link), subscriber, replicas: None };
+        let backend =
+            Self { server, commands: link.clone(), hot: Hot::Direct(link), subscriber, replicas: settings.replicas };
         backend.probe(settings.prefix).await?;
         Ok(backend)
     }
@@ -273,19 +268,48 @@ impl RedisBackend {
                 cmd
             })
             .await;
-            (indices, reply)
-        });
-        let mut renewed: Vec<Option<Result<bool, LockError>>> = items.iter().map(|_| None).collect();
-        for (indices, reply) in futures_util::future::join_all(calls).await {
             let mut results = Vec::with_capacity(indices.len());
             renewal_results(reply, indices.len(), &mut results);
+            // The WAIT goes to this slot's node, after this slot's call.
+            let shortfall = match results.iter().any(|r| matches!(r, Ok(true))) {
+                true => self.replication_shortfall(&items[indices[0]].keys.record).await,
+                false => Ok(None),
+            };
+            let results = self.acknowledged(results, indices.iter().map(|&i| &items[i]), &shortfall);
+            (indices, results)
+        });
+        let mut renewed: Vec<Option<Result<bool, LockError>>> = items.iter().map(|_| None).collect();
+        for (indices, results) in futures_util::future::join_all(calls).await {
             for (i, result) in indices.into_iter().zip(results) {
-                renewed[i] = Some(result.map_err(|e| self.error(items[i].keys, e)));
+                renewed[i] = Some(result);
             }
         }
         renewed
             .into_iter()
             .map(|r| r.unwrap_or_else(|| Err(LockError::InvalidConfig("renewal not sent".into()))))
+            .collect()
+    }
+
+    /// Renewals' outcomes once `shortfall`, the `WAIT` after them, is known: a renewal the replicas did not
+    /// acknowledge does not count (it is retried); errors name their lock.
+    fn acknowledged<'a>(
+        &self,
+        renewed: Vec<redis::RedisResult<bool>>,
+        items: impl Iterator<Item = &'a Renewal<'a>>,
+        shortfall: &redis::RedisResult<Option<(u32, u32)>>,
+    ) -> Vec<Result<bool, LockError>> {
+        renewed
+            .into_iter()
+            .zip(items)
+            .map(|(reply, item)| match (reply, shortfall) {
+                (Ok(true), Ok(Some((acknowledged, required)))) => Err(LockError::NotReplicated {
+                    key: item.keys.name.clone(),
+                    acknowledged: *acknowledged,
+                    required: *required,
+                }),
+                (Ok(true), Err(e)) => Err(self.error(item.keys, e.clone())),
+                (reply, _) => reply.map_err(|e| self.error(item.keys, e)),
+            })
             .collect()
     }
 
@@ -378,7 +402,7 @@ impl RedisBackend {
     /// Whether the writes sent so far on the command connection reached the required replicas (always true
     /// without `wait_for_replicas`). `WAIT` holds the shared connection until then: keep its timeout short.
     pub(crate) async fn replicated(&self, keys: &LockKeys) -> Result<(), LockError> {
-        match self.replication_shortfall().await {
+        match self.replication_shortfall(&keys.record).await {
             Ok(None) => Ok(()),
             Ok(Some((acknowledged, required))) => {
                 Err(LockError::NotReplicated { key: keys.name.clone(), acknowledged, required })
@@ -387,12 +411,14 @@ impl RedisBackend {
         }
     }
 
-    /// `None` when enough replicas acknowledged (or none are required), else (acknowledged, required).
-    async fn replication_shortfall(&self) -> redis::RedisResult<Option<(u32, u32)>> {
+    /// `None` when enough replicas acknowledged (or none are required), else (acknowledged, required). On a
+    /// cluster, `WAIT` goes to the node that serves `record` (it counts the writes sent on the connection to
+    /// that node); on one server, `record` is not needed.
+    async fn replication_shortfall(&self, record: &str) -> redis::RedisResult<Option<(u32, u32)>> {
         let Some(ReplicaAcks { count, timeout }) = self.replicas else { return Ok(None) };
-        let mut conn = self.commands.clone();
-        let acknowledged: u32 =
-            redis::cmd("WAIT").arg(count).arg(millis(timeout).max(1)).query_async(&mut conn).await?;
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(count).arg(millis(timeout).max(1));
+        let acknowledged: u32 = self.commands.query_on_node_of(wait, record).await?;
         Ok((acknowledged < count).then_some((acknowledged, count)))
     }
 }
@@ -497,20 +523,11 @@ impl Store for RedisBackend {
             renewal_results(reply, chunk.len(), &mut renewed);
         }
         // One WAIT covers the whole batch: a renewal the replicas did not get does not count (it is retried).
-        let shortfall = self.replication_shortfall().await;
-        Ok(renewed
-            .into_iter()
-            .zip(items)
-            .map(|(reply, item)| match (reply, &shortfall) {
-                (Ok(true), Ok(Some((acknowledged, required)))) => Err(LockError::NotReplicated {
-                    key: item.keys.name.clone(),
-                    acknowledged: *acknowledged,
-                    required: *required,
-                }),
-                (Ok(true), Err(e)) => Err(self.error(item.keys, e.clone())),
-                (reply, _) => reply.map_err(|e| self.error(item.keys, e)),
-            })
-            .collect())
+        let shortfall = match items.first() {
+            Some(item) => self.replication_shortfall(&item.keys.record).await,
+            None => Ok(None),
+        };
+        Ok(self.acknowledged(renewed, items.iter(), &shortfall))
     }
 
     async fn release(
