@@ -153,6 +153,43 @@ impl RedisCluster {
         }
     }
 
+    /// The node id (as `CLUSTER NODES` names it) of the node on `port`.
+    pub fn node_id(&self, port: u16) -> String {
+        let nodes = self.cluster_nodes();
+        nodes
+            .lines()
+            .find(|l| node_port(l) == Some(port))
+            .and_then(|l| l.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no node on port {port}: {nodes}"))
+            .to_owned()
+    }
+
+    /// The first slot the primary on `port` serves.
+    pub fn first_slot(&self, port: u16) -> u16 {
+        let nodes = self.cluster_nodes();
+        let line = nodes.lines().find(|l| node_port(l) == Some(port)).expect("the node");
+        let range = line.split_whitespace().nth(8).expect("a primary with slots");
+        range.split('-').next().and_then(|a| a.parse().ok()).expect("a slot number")
+    }
+
+    /// Moves the first `slots` slots of the primary on `from` to the primary on `to` with
+    /// `redis-cli --cluster reshard`, keys included (blocking; run it off the async runtime).
+    pub fn reshard(&self, from: u16, to: u16, slots: u16) {
+        let output = Command::new("redis-cli")
+            .args(["--cluster", "reshard", &format!("127.0.0.1:{from}")])
+            .args(["--cluster-from", &self.node_id(from), "--cluster-to", &self.node_id(to)])
+            .args(["--cluster-slots", &slots.to_string(), "--cluster-yes", "--cluster-pipeline", "2"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run `redis-cli --cluster reshard`: {e}"));
+        assert!(
+            output.status.success(),
+            "`redis-cli --cluster reshard` failed: {}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
     /// The node on `port`, mutably (to kill it).
     pub fn node_mut(&mut self, port: u16) -> Option<&mut RedisServer> {
         self.nodes.iter_mut().find(|n| n.port() == port)

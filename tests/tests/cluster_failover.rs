@@ -1,6 +1,7 @@
 //! Failover on a real Redis Cluster (3 primaries, one replica each, `cluster-node-timeout 1000`): a primary
 //! killed (SIGKILL), and a primary hung (SIGSTOP: its sockets stay open, nothing answers), each while a lock in
-//! its slots is held and waited for and another shard is busy. Each test starts a cluster of its own.
+//! its slots is held and waited for and another shard is busy; and a live slot migration under contended
+//! locks. Each test starts a cluster of its own.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -158,4 +159,101 @@ async fn failover(failure: Failure, acknowledged: bool) {
     assert!(cycles > 10, "the healthy shard barely ran: {cycles} cycles");
     assert!(slowest < HEALTHY_BOUND, "a call on a healthy shard took {slowest:?} during the failover");
     assert!(guard.release().await.is_ok());
+}
+
+/// The slot of `key` (CRC16/XMODEM of its hash tag, modulo 16384), as Redis Cluster computes it.
+fn slot_of(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| bytes[open + 1..].iter().position(|&b| b == b'}').map(|len| (open + 1, len)))
+        .filter(|&(_, len)| len > 0)
+        .map_or(bytes, |(start, len)| &bytes[start..start + len]);
+    let mut crc: u16 = 0;
+    for &byte in tagged {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    crc % 16384
+}
+
+/// A live slot migration (`redis-cli --cluster reshard`) of slots whose locks are held and contended: no two
+/// bodies on one key at once, fencing tokens rising per key, and no error reaches a caller whose wait covers
+/// the migration.
+///
+/// Ignored because it fails today, as issue 11 expects it to be shown: while a slot migrates, the scripts'
+/// undeclared keys (`:queue`, `:waiter:<token>`, `:fence`) can already be on the target while the record is
+/// still on the source, so scripts fail with "non local key" (errors reach callers), and one run in three saw
+/// two holders of one key. Run it with `cargo test -p distlock-tests --test cluster_failover -- --ignored`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "finds two holders during a live slot migration (issue 11, open): see the doc comment"]
+async fn a_live_slot_migration_keeps_locks_exclusive() {
+    let _serial = serial().await;
+    let cluster = Arc::new(tokio::task::spawn_blocking(|| RedisCluster::start(3, 1)).await.expect("cluster"));
+    let (first_client, other) = (client(&cluster, false).await, client(&cluster, false).await);
+    let client = first_client;
+    let from = cluster.primary_for(&client.record_key("probe"));
+    let to = (0..)
+        .map(|i| format!("elsewhere-{i}"))
+        .map(|k| cluster.primary_for(&client.record_key(&k)))
+        .find(|&p| p != from)
+        .expect("another primary");
+    const MOVED: u16 = 64;
+    let first = cluster.first_slot(from);
+    // Keys whose slots are among the ones that move.
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("moving-{i}"))
+        .filter(|k| (first..first + MOVED).contains(&slot_of(&client.record_key(k))))
+        .take(6)
+        .collect();
+    let inside: Arc<Vec<AtomicBool>> = Arc::new(keys.iter().map(|_| AtomicBool::new(false)).collect());
+    let fences: Arc<Mutex<Vec<Vec<u64>>>> = Arc::new(Mutex::new(vec![Vec::new(); keys.len()]));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..12usize {
+        let client = if task % 2 == 0 { client.clone() } else { other.clone() };
+        let (keys, inside, fences, stop) = (keys.clone(), inside.clone(), fences.clone(), stop.clone());
+        tasks.spawn(async move {
+            let mut cycles = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                let i = (task + cycles as usize) % keys.len();
+                let request = client.lock(&keys[i]).ttl(Duration::from_secs(5)).wait(Duration::from_secs(30));
+                let guard = request.acquire().await.map_err(|e| format!("{}: {e}", keys[i]))?;
+                let previous = fences.lock().expect("fences")[i].last().copied();
+                assert!(
+                    !inside[i].swap(true, Ordering::SeqCst),
+                    "two holders of {}: fence {} entered while the holder of fence {previous:?} was inside",
+                    keys[i],
+                    guard.fencing_token()
+                );
+                fences.lock().expect("fences")[i].push(guard.fencing_token());
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                inside[i].store(false, Ordering::SeqCst);
+                guard.release().await.map_err(|e| format!("release {}: {e}", keys[i]))?;
+                cycles += 1;
+            }
+            Ok::<u32, String>(cycles)
+        });
+    }
+    let started = Instant::now();
+    tokio::task::spawn_blocking({
+        let cluster = Arc::clone(&cluster);
+        move || cluster.reshard(from, to, MOVED)
+    })
+    .await
+    .expect("reshard");
+    eprintln!("resharded {MOVED} slots in {:?} under load", started.elapsed());
+    assert_eq!(cluster.primary_for(&client.record_key(&keys[0])), to, "the slots did not move");
+    stop.store(true, Ordering::Relaxed);
+    let mut cycles = 0;
+    while let Some(result) = tasks.join_next().await {
+        cycles += result.expect("task").expect("a lock cycle failed during the migration");
+    }
+    assert!(cycles > 12, "the tasks barely ran: {cycles} cycles");
+    for (i, seen) in fences.lock().expect("fences").iter().enumerate() {
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "fencing tokens of {} did not rise: {seen:?}", keys[i]);
+    }
 }
