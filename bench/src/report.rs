@@ -540,6 +540,8 @@ fn pass(out: &mut String, pass: &Pass, headed: bool) {
 #[derive(Debug, Default, Clone, Copy)]
 struct Ratios {
     one: (f64, f64),
+    /// One task: the raw floor's cycle p50 ÷ distlock's (less moved by a loaded machine's stalls than cycles/s).
+    one_p50: f64,
     many: (f64, f64),
     unpinned: (f64, f64),
     /// distlock's hand-off gap p50 ÷ its release call p50 (target: ≤ 1, one release round trip).
@@ -567,8 +569,13 @@ impl Ratios {
                 )
             },
         );
+        let one_p50 = results.one_task.as_ref().map_or(f64::NAN, |s| {
+            let p50 = |v| s.by_variant.get(&v).map_or(f64::NAN, |r: &VariantResult| r.median(|x| x.p50_us));
+            ratio(p50(Variant::Raw), p50(Variant::Api))
+        });
         Self {
             one: ratios(results.one_task.as_ref()),
+            one_p50,
             many: ratios(results.many_tasks.as_ref()),
             unpinned: ratios(results.many_tasks_unpinned.as_ref()),
             hand_off,
@@ -608,24 +615,25 @@ fn summary(out: &mut String, passes: &[Pass]) {
         out,
         "Each ratio is cycles/s ÷ the raw floor's in the same pass (distlock = `acquire` + `release`). Hand-off: \
          distlock's hand-off gap p50 ÷ its own release call p50 (1 = one release round trip). Fairness: the fewest \
-         acquisitions of any task ÷ the mean. Targets (issue 18): 64 tasks ≥ 0.95 and ≥ rslock's ratio, 1 task ≥ \
-         0.97, hand-off ≤ 1, fairness ≥ 0.9.\n"
+         acquisitions of any task ÷ the mean. \"1 task p50\": raw's cycle p50 ÷ distlock's. Targets (issue 18): 64 \
+         tasks ≥ 0.95 and ≥ rslock's ratio, 1 task ≥ 0.97, hand-off ≤ 1, fairness ≥ 0.9.\n"
     );
     let _ = writeln!(
         out,
-        "| added round trip | PING p50 µs | 1 task distlock | 1 task rslock | 64 tasks distlock | 64 tasks rslock | 2u distlock | 2u rslock | hand-off ÷ release call | fairness | targets missed |"
+        "| added round trip | PING p50 µs | 1 task distlock | 1 task rslock | 1 task p50 | 64 tasks distlock | 64 tasks rslock | 2u distlock | 2u rslock | hand-off ÷ release call | fairness | targets missed |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for p in passes {
         let r = Ratios::of(&p.results);
         let missed = r.missed();
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             p.label(),
             num(percentile_us(&p.results.rtt, 50.0), 1),
             num(r.one.0, 2),
             num(r.one.1, 2),
+            num(r.one_p50, 2),
             num(r.many.0, 2),
             num(r.many.1, 2),
             num(r.unpinned.0, 2),
