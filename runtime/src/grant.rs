@@ -9,6 +9,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{LockKeys, Store};
+use crate::hooks::{reverted, Fix};
 use crate::{Client, LockError, LockToken, ReleaseOutcome};
 
 /// The allowance for clock-rate drift between this process and Redis: 1% of the lease plus 2 ms.
@@ -138,7 +139,12 @@ impl Grant {
     /// Whether this grant may no longer be used: finished (released, dropped), marked lost, or past its
     /// validity on the monotonic clock.
     pub(crate) fn is_lost(&self) -> bool {
-        self.is_finished() || self.lease().is_lost()
+        self.finished_is_lost() || self.lease().is_lost()
+    }
+
+    /// A finished grant reads as lost (unless a simulation reverted that fix).
+    fn finished_is_lost(&self) -> bool {
+        self.is_finished() && !reverted(Fix::FinishedIsLost)
     }
 
     /// Resolves when [`is_lost`](Grant::is_lost) turns true.
@@ -149,10 +155,11 @@ impl Grant {
             // Registered before reading, so a change in between is not missed.
             changed.as_mut().enable();
             let lease = self.lease();
-            if self.is_finished() || lease.is_lost() {
+            if self.finished_is_lost() || lease.is_lost() {
                 return;
             }
             tokio::select! {
+                biased;
                 () = changed => {}
                 () = tokio::time::sleep_until(lease.valid_until) => {}
             }
@@ -247,7 +254,7 @@ impl Grant {
                 done.await;
             }
         }
-        if self.lease().gone {
+        if self.lease().gone || (reverted(Fix::ReleaseLostByClock) && self.lease().is_lost()) {
             return Ok(ReleaseOutcome::Expired);
         }
         let keep = self.keep_after_release();

@@ -7,6 +7,7 @@ use tokio::time::Instant;
 
 use crate::backend::Store;
 use crate::grant::{Grant, Lease};
+use crate::hooks::{reverted, Fix};
 use crate::{LockError, LockToken};
 
 /// What [`LockGuard::release`] found.
@@ -130,7 +131,8 @@ impl LockGuard {
         let grant = &self.grant;
         let lost = || LockError::Lost { key: grant.keys.name.clone() };
         // One command setting the lease at a time: a renewal in flight with the old ttl comes back first.
-        let ticket = grant.exclusive().await.ok_or_else(lost)?;
+        let serialized = !reverted(Fix::SerializedExtend);
+        let ticket = if serialized { Some(grant.exclusive().await.ok_or_else(lost)?) } else { None };
         let before = grant.lease();
         if before.is_lost() {
             return Err(lost());
@@ -138,7 +140,7 @@ impl LockGuard {
         let sent = Instant::now();
         let reply = grant.client.inner.backend.renew(&grant.keys, &grant.token, ttl).await;
         let outcome = match reply {
-            Ok(true) if Instant::now() < before.valid_until => {
+            Ok(true) if Instant::now() < before.valid_until || !serialized => {
                 grant.update_lease(|l| {
                     let applies = !l.lost;
                     if applies {
@@ -156,6 +158,7 @@ impl LockGuard {
                 grant.mark_gone("extend found the lock gone or taken");
                 Err(lost())
             }
+            Err(e) if !serialized => Err(e),
             Err(e) => {
                 // Applied or not, unknown: the lease ends no later than either outcome would end it. A
                 // renewal goes out at once to restore it.
@@ -222,7 +225,7 @@ impl Drop for LockGuard {
         let grant = Arc::clone(&self.grant);
         // The server said the token no longer holds the lock: nothing to release. A lock lost by the clock
         // alone is released all the same (by token, so never another owner's): the server may still hold it.
-        if grant.lease().gone {
+        if grant.lease().gone || (reverted(Fix::ReleaseLostByClock) && grant.lease().is_lost()) {
             grant.abandon();
             return;
         }

@@ -69,6 +69,7 @@ mod error;
 mod grant;
 mod guard;
 mod held;
+mod hooks;
 mod request;
 mod token;
 
@@ -79,6 +80,7 @@ pub mod __private {
 }
 mod private;
 mod renewer;
+
 
 pub use client::{client, install, with_client, Client, ClientBuilder, LockInfo};
 pub use distlock_macros::distributed_lock;

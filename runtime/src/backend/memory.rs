@@ -91,7 +91,8 @@ impl MemoryState {
     /// process, and the last one is kept only for `lease` + [`FENCE_RETENTION`].
     fn next_fence(&mut self, keys: &LockKeys, lease: Duration) -> u64 {
         let now = Instant::now();
-        let clock = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
+        let clock = crate::hooks::wall_clock_micros()
+            .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros()));
         let kept = self.fences.get(&keys.record).filter(|f| f.expires_at > now).map_or(0, |f| f.last);
         let fence = (kept + 1).max(u64::try_from(clock).unwrap_or(u64::MAX));
         self.fences.insert(keys.record.clone(), Fence { last: fence, expires_at: now + lease + FENCE_RETENTION });
