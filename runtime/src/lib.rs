@@ -80,7 +80,10 @@ pub mod __private {
 }
 mod private;
 mod renewer;
-
+/// Not public API: the deterministic simulation of the lock engine (feature `simulation`, for its tests).
+#[cfg(feature = "simulation")]
+#[doc(hidden)]
+pub mod simulation;
 
 pub use client::{client, install, with_client, Client, ClientBuilder, LockInfo};
 pub use distlock_macros::distributed_lock;

@@ -179,6 +179,15 @@ impl MemoryBackend {
         Self { capabilities, ..Self::default() }
     }
 
+    /// What the store holds for the record `record` right now, without touching it: the owner's token
+    /// (`None`: kept by nobody), fencing token and expiry. The simulation's oracle reads the truth here.
+    #[cfg(feature = "simulation")]
+    pub(crate) fn peek(&self, record: &str) -> Option<(Option<String>, u64, Instant)> {
+        let now = Instant::now();
+        let state = self.state();
+        state.records.get(record).filter(|r| r.expires_at > now).map(|r| (r.token.clone(), r.fence, r.expires_at))
+    }
+
     fn state(&self) -> MutexGuard<'_, MemoryState> {
         // Every critical section leaves the maps consistent, so a panic elsewhere cannot have broken them.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
