@@ -13,6 +13,7 @@ pub mod logs;
 pub mod monitor;
 pub mod proxy;
 mod server;
+pub mod simulation;
 pub mod soak;
 pub mod stall;
 pub mod store;
