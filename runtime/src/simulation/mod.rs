@@ -113,6 +113,8 @@ struct State {
     frozen_until: Vec<Option<Instant>>,
     /// Per client: intervals in which a fault may have kept its calls from the store in time.
     disturbed: Vec<Vec<(Instant, Instant)>>,
+    /// Per client: the calls on their way, by id: when each was made and how long its legs take unhindered.
+    in_flight: Vec<std::collections::BTreeMap<u64, (Instant, Duration)>>,
     /// Until when the store applies nothing.
     paused_until: Instant,
     /// Grants the oracle checks at every step, with the client and a name for messages.
@@ -126,6 +128,8 @@ struct State {
     issued: Vec<u64>,
     applied: Vec<u64>,
     replied: Vec<u64>,
+    /// Per record: the subscribers to its announcements, in the order they subscribed.
+    hubs: std::collections::BTreeMap<String, Vec<tokio::sync::mpsc::UnboundedSender<crate::backend::Announcement>>>,
 }
 
 thread_local! {
@@ -208,6 +212,7 @@ impl World {
             violations: Vec::new(),
             frozen_until: vec![Some(now); clients],
             disturbed: vec![Vec::new(); clients],
+            in_flight: vec![Default::default(); clients],
             paused_until: now,
             probes: Vec::new(),
             last_fence: Default::default(),
@@ -215,6 +220,7 @@ impl World {
             issued: vec![0; clients],
             applied: vec![0; clients],
             replied: vec![0; clients],
+            hubs: Default::default(),
         };
         let memory = MemoryBackend::default();
         Self { config, memory, start: now, state: Mutex::new(state), turn: tokio::sync::Notify::new() }
@@ -265,10 +271,13 @@ impl World {
     }
 
     /// Whether anything kept `client`'s calls from the store in time between `from` and `to`: a fault on one of
-    /// its calls, a stall of it, or a pause of the store.
+    /// its calls, a stall of it, a pause of the store, or a call of it still on its way past its time (held up
+    /// behind another on its connection).
     fn disturbed(&self, client: usize, from: Instant, to: Instant) -> bool {
         let state = self.state();
+        let slack = Duration::from_millis(1);
         state.disturbed[client].iter().any(|&(a, b)| a <= to && b >= from)
+            || state.in_flight[client].values().any(|&(made, legs)| made + legs + slack < to)
     }
 
     fn disturb(&self, client: Option<usize>, from: Instant, to: Instant) {

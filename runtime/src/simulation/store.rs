@@ -10,7 +10,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::{short, Tokens, World};
@@ -69,6 +69,7 @@ impl World {
         faults += u64::from(lose_request) + u64::from(lose_reply);
         let blackhole = state.rng.bool();
         state.faults += faults;
+        state.in_flight[client].insert(id, (Instant::now(), request + reply));
         if faults > 0 {
             // Until its reply would have come back at the latest, as the oracle's time bounds see it.
             let now = Instant::now();
@@ -98,7 +99,7 @@ impl World {
             self.trace(|| format!("c{client} #{id} request LOST"));
             self.next_turn(|state| state.applied[client] += 1);
             self.next_turn(|state| state.replied[client] += 1);
-            self.disturb(Some(client), issued, issued + self.config.response_timeout);
+            self.landed(client, id, issued, issued + self.config.response_timeout);
             return self.lost(plan, reply).await;
         }
         self.wait_unpaused().await;
@@ -110,7 +111,7 @@ impl World {
         if plan.lose_reply {
             self.trace(|| format!("c{client} #{id} reply LOST (applied)"));
             self.next_turn(|state| state.replied[client] += 1);
-            self.disturb(Some(client), issued, issued + self.config.response_timeout);
+            self.landed(client, id, issued, issued + self.config.response_timeout);
             return self.lost(plan, reply).await;
         }
         tokio::time::sleep(plan.reply).await;
@@ -120,7 +121,9 @@ impl World {
         // Slowed, or held up behind a slow call, a pause or a stall: the oracle's time bounds make room for it.
         let took = issued.elapsed();
         if took > plan.request + plan.reply || took > 2 * self.config.normal_delay {
-            self.disturb(Some(client), issued, Instant::now().max(issued + self.config.response_timeout.min(took)));
+            self.landed(client, id, issued, Instant::now());
+        } else {
+            self.state().in_flight[client].remove(&id);
         }
     }
 
@@ -140,6 +143,45 @@ impl World {
     fn next_turn(&self, advance: impl FnOnce(&mut super::State)) {
         advance(&mut self.state());
         self.turn.notify_waiters();
+    }
+
+    /// A new subscriber to the announcements of `keys`. One hub task per key hears the memory store's and
+    /// passes each on to the subscribers in the order they subscribed: tokio's watch wakes many receivers in
+    /// an order drawn from its own, unseeded generator, which would make runs unrepeatable.
+    async fn subscribe(self: Arc<Self>, keys: LockKeys) -> Result<mpsc::UnboundedReceiver<Announcement>, LockError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let first = {
+            let mut state = self.state();
+            let subscribers = state.hubs.entry(keys.record.clone()).or_default();
+            subscribers.push(tx);
+            subscribers.len() == 1
+        };
+        if first {
+            let mut heard = self.memory.watch_releases(&keys, &LockToken::blank()).await?;
+            let world = Arc::clone(&self);
+            tokio::spawn(async move {
+                loop {
+                    let announcement = heard.next().await;
+                    let subscribers = {
+                        let mut state = world.state();
+                        let subscribers = state.hubs.entry(keys.record.clone()).or_default();
+                        subscribers.retain(|s| !s.is_closed());
+                        subscribers.clone()
+                    };
+                    for subscriber in subscribers {
+                        let _ = subscriber.send(announcement.clone());
+                    }
+                }
+            });
+        }
+        Ok(rx)
+    }
+
+    /// Call `id` is no longer on its way; it was hindered from `from` to `to`.
+    fn landed(&self, client: usize, id: u64, from: Instant, to: Instant) {
+        let mut state = self.state();
+        state.in_flight[client].remove(&id);
+        state.disturbed[client].push((from, to));
     }
 
     /// A lost message: the caller waits for its timeout, or its connection resets now.
@@ -216,10 +258,9 @@ impl SimStore {
 
     /// Forwards the announcements one waiter hears, each dropped, late or on time as the seed says, and none
     /// while the client is stalled.
-    async fn forward(self, mut heard: ReleaseWatch, to: watch::Sender<Announcement>) {
+    async fn forward(self, mut heard: mpsc::UnboundedReceiver<Announcement>, to: watch::Sender<Announcement>) {
         let (world, client) = (&self.world, self.client);
-        loop {
-            let announcement = heard.next().await;
+        while let Some(announcement) = heard.recv().await {
             let text = announced(&announcement);
             let (dropped, late) = {
                 let mut state = world.state();
@@ -313,9 +354,9 @@ impl Store for SimStore {
     }
 
     async fn watch_releases(&self, keys: &LockKeys, token: &LockToken) -> Result<ReleaseWatch, LockError> {
-        let (m, k, t) = (self.memory(), keys.clone(), token.clone());
+        let (world, k) = (Arc::clone(&self.world), keys.clone());
         let what = format!("subscribe {} by {token}", keys.name);
-        let heard = self.call(what, keys, async move { m.watch_releases(&k, &t).await }).await?;
+        let heard = self.call(what, keys, async move { world.subscribe(k).await }).await?;
         let (tx, rx) = watch::channel(Announcement::Nothing);
         let forwarder = tokio::spawn(self.clone().forward(heard, tx)).abort_handle();
         Ok(ReleaseWatch::new(rx, move || forwarder.abort()))
