@@ -124,8 +124,9 @@ impl LockGuard {
 
     /// Sets the lease to `ttl` from now; the watchdog keeps renewing with `ttl` from then on.
     /// Fails with [`LockError::Lost`] when the lock is no longer this guard's, also when the reply came back
-    /// after the lease had run out. When the call itself fails (a timeout, [`LockError::NotReplicated`]) the
-    /// server may or may not have applied it: the guard then assumes the shorter of the two leases.
+    /// after the lease had run out. While the call is on its way, and when it fails (a timeout,
+    /// [`LockError::NotReplicated`]), the server may or may not have applied it: the guard then assumes the
+    /// shorter of the two leases.
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
         crate::request::check_ttl(ttl)?;
         let grant = &self.grant;
@@ -138,6 +139,19 @@ impl LockGuard {
             return Err(lost());
         }
         let sent = Instant::now();
+        if serialized {
+            // The server may set the new lease any moment from now on, and the reply may come late or never:
+            // until it says otherwise, the lease ends no later than either outcome would end it (an extend to
+            // a shorter lease lowers the deadline now, not when its reply arrives).
+            let applied = Lease::granted(ttl, sent, ttl);
+            grant.update_lease(|l| {
+                let shorter = applied.valid_until < l.valid_until;
+                if shorter {
+                    l.valid_until = applied.valid_until;
+                }
+                shorter
+            });
+        }
         let reply = grant.client.inner.backend.renew(&grant.keys, &grant.token, ttl).await;
         let outcome = match reply {
             Ok(true) if Instant::now() < before.valid_until || !serialized => {
@@ -160,16 +174,11 @@ impl LockGuard {
             }
             Err(e) if !serialized => Err(e),
             Err(e) => {
-                // Applied or not, unknown: the lease ends no later than either outcome would end it. A
-                // renewal goes out at once to restore it.
-                let applied = Lease::granted(ttl, sent, ttl);
+                // Applied or not, unknown: the earlier deadline assumed above stays. A renewal goes out at once
+                // to restore the lease.
                 grant.update_lease(|l| {
-                    let shorter = applied.valid_until < l.valid_until;
-                    if shorter {
-                        l.valid_until = applied.valid_until;
-                    }
                     l.renew_at = Instant::now();
-                    shorter
+                    false
                 });
                 Err(e)
             }

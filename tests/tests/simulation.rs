@@ -91,3 +91,19 @@ fn finds_finished_grants_reading_valid() {
 fn finds_locks_left_held_by_guards_lost_by_the_clock() {
     caught(Fix::ReleaseLostByClock);
 }
+
+/// Regression, found by this simulation (seed 0): `extend()` to a shorter lease was applied by the store
+/// while the guard kept its old, longer deadline until the reply arrived; a slow reply or a stall then left
+/// it saying valid past the store's expiry. The deadline is now lowered before the extend is sent.
+#[test]
+fn seed_0_extend_to_a_shorter_lease_lowers_the_deadline_before_it_is_sent() {
+    let report = run_one(0, None, false);
+    assert!(report.violations.is_empty(), "seed 0: {:#?}", report.violations);
+    // The seed still reaches that moment: with extend's fixes reverted it fails there.
+    let reverted = run_one(0, Some(Fix::SerializedExtend), false);
+    assert!(
+        reverted.violations.iter().any(|v| v.contains("past the store's expiry of its grant")),
+        "seed 0 no longer extends to a shorter lease under a valid guard: {:#?}",
+        reverted.violations
+    );
+}
