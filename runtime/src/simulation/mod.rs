@@ -409,7 +409,9 @@ impl Sim {
     pub fn observe(&self, client: usize, guard: &LockGuard, name: &str) -> bool {
         let lost = guard.is_lost();
         self.0.trace(|| format!("c{client} {name}: observed {}", if lost { "lost" } else { "valid" }));
-        if !lost {
+        if lost {
+            self.0.check_needless_loss(guard.grant(), client, name);
+        } else {
             self.0.check_grant(guard.grant(), client, name);
         }
         self.0.check("observation");

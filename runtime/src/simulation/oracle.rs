@@ -3,6 +3,7 @@
 //! - a guard that says valid holds the store's record: its token, its fencing token, and an expiry no earlier
 //!   than the guard's own deadline (S6: a guard's deadline never lies past the server's expiry of its grant);
 //!   so no two guards of a key say valid at once;
+//! - a guard reads lost only when the store no longer holds its grant or a fault kept its renewals away;
 //! - fencing tokens rise per key: a record of a new owner carries a higher one than the last;
 //! - a holder that is gone (request over, guard released or dropped) leaves nothing held, unless a fault kept
 //!   its clean-up from the store; a crashed client's locks are free within their lease.
@@ -81,6 +82,23 @@ impl World {
                 false
             }
         }
+    }
+
+    /// A guard reads lost: unless its grant is over, the store must no longer hold it, or something must have
+    /// kept its client's renewals from the store since its last lease was granted.
+    pub(super) fn check_needless_loss(&self, grant: &Grant, client: usize, name: &str) {
+        let lease = grant.lease();
+        if grant.is_finished() || lease.gone {
+            return;
+        }
+        let Some((Some(holder), ..)) = self.memory.peek(&grant.keys.record) else { return };
+        let since = lease.since.checked_sub(self.config.response_timeout).unwrap_or(lease.since);
+        if holder != grant.token.as_str() || self.disturbed(client, since, Instant::now()) {
+            return;
+        }
+        self.violation(format!(
+            "c{client} {name}: guard reads lost while the store holds its grant, with no fault since its lease was granted"
+        ));
     }
 
     /// After the store applied a command on `record`: a new owner's fencing token is above the last one's.
