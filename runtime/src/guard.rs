@@ -131,6 +131,8 @@ impl LockGuard {
         crate::request::check_ttl(ttl)?;
         let grant = &self.grant;
         let lost = || LockError::Lost { key: grant.keys.name.clone() };
+        // Declared before the ticket, so that it acts after the ticket is dropped.
+        let mut unanswered = Unanswered(None);
         // One command setting the lease at a time: a renewal in flight with the old ttl comes back first.
         let serialized = !reverted(Fix::SerializedExtend);
         let ticket = if serialized { Some(grant.exclusive().await.ok_or_else(lost)?) } else { None };
@@ -152,7 +154,9 @@ impl LockGuard {
                 shorter
             });
         }
+        unanswered.0 = serialized.then_some(grant);
         let reply = grant.client.inner.backend.renew(&grant.keys, &grant.token, ttl).await;
+        unanswered.0 = None;
         let outcome = match reply {
             Ok(true) if Instant::now() < before.valid_until || !serialized => {
                 grant.update_lease(|l| {
@@ -202,6 +206,24 @@ impl LockGuard {
         let outcome = self.grant.release().await;
         self.released = true;
         outcome
+    }
+}
+
+/// An extend sent and not answered, because its future was dropped (cancelled): as after a failed one, its
+/// outcome is unknown, the earlier deadline stays, and a renewal goes out at once to restore the lease (its
+/// old time may lie past the lowered deadline).
+struct Unanswered<'a>(Option<&'a Arc<Grant>>);
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some(grant) = self.0 {
+            let now = Instant::now();
+            grant.update_lease(|l| {
+                l.renew_at = now;
+                false
+            });
+            grant.client.inner.renewer.schedule(grant, now);
+        }
     }
 }
 

@@ -107,3 +107,15 @@ fn seed_0_extend_to_a_shorter_lease_lowers_the_deadline_before_it_is_sent() {
         reverted.violations
     );
 }
+
+/// Regression, found by this simulation (seeds 621, 3006, 3511, 6690): an `extend()` cancelled after it was
+/// sent lowered the guard's deadline, as it must, but left the next renewal at its old time, past that
+/// deadline: the guard read lost while the store still held its grant and nothing had failed. A cancelled
+/// extend now sends a renewal at once, as a failed one does.
+#[test]
+fn seeds_with_a_cancelled_extend_keep_their_lock() {
+    for seed in [621, 3006, 3511, 6690] {
+        let report = run_one(seed, None, false);
+        assert!(report.violations.is_empty(), "seed {seed}: {:#?}", report.violations);
+    }
+}
