@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::backend::{Announcement, Attempt, Hold, LockKeys, Queueing, Store, WakeUps};
 use crate::grant::{Grant, Lease};
+use crate::hooks::{reverted, Fix};
 use crate::{Client, LockError, LockGuard, LockRequest, LockToken, RetryStrategy};
 
 /// The pause before trying again after an attempt failed while waiting.
@@ -64,7 +65,7 @@ pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockE
         };
         let remaining = match attempt {
             Attempt::Granted(hold) => {
-                let lease = Lease::granted(request.ttl, sent, hold.lease);
+                let lease = Lease::granted(request.ttl, sent, reported(&request, hold));
                 if !lease.is_lost() {
                     return Ok(grant(request, pending, hold.fence, lease));
                 }
@@ -100,7 +101,10 @@ pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockE
         // Wait for our hand-over, a reason to retry, or the time to refresh our place.
         let handed = match releases.as_mut() {
             Some(releases) => loop {
+                // Biased, as every select! in the engine: ties resolve the same way on every run (tokio's
+                // random pick cannot be seeded), so a simulated schedule replays exactly.
                 tokio::select! {
+                    biased;
                     announcement = releases.next() => {
                         if let Some(hold) = announcement.handed_to(&pending.token) {
                             break Some(hold);
@@ -135,7 +139,7 @@ async fn give_up(request: LockRequest, mut pending: Pending, started: Instant) -
         let handed = backend.withdraw(&pending.keys, &pending.token).await?;
         pending.queued = false;
         if let Some(hold) = handed {
-            let lease = Lease::granted(request.ttl, sent, hold.lease);
+            let lease = Lease::granted(request.ttl, sent, reported(&request, hold));
             // With replica acknowledgement, nobody waited for the hand-over's write: it cannot count.
             if !lease.is_lost() && !backend.capabilities().replica_acks {
                 return Ok(grant(request, pending, hold.fence, lease));
@@ -159,7 +163,7 @@ async fn give_up(request: LockRequest, mut pending: Pending, started: Instant) -
 async fn give_back(request: LockRequest, mut pending: Pending, started: Instant) -> Result<LockGuard, LockError> {
     pending.in_flight = true;
     let backend = &request.client.inner.backend;
-    if backend.release(&pending.keys, &pending.token, None).await.is_ok() {
+    if reverted(Fix::ReleaseLostByClock) || backend.release(&pending.keys, &pending.token, None).await.is_ok() {
         pending.in_flight = false;
     }
     // If the release failed, dropping `pending` tries once more in the background.
@@ -177,8 +181,18 @@ fn grant(request: LockRequest, pending: Pending, fence: u64, lease: Lease) -> Lo
 /// the grant the last busy attempt found, so it happened after that attempt was sent, and its lease counts
 /// from there. `None` for a stale one (a hand-over that lapsed before that attempt reached the server).
 fn announced(request: &LockRequest, last_busy: Option<BusyAttempt>, hold: Hold) -> Option<(u64, Lease)> {
-    let busy = last_busy.filter(|busy| hold.fence > busy.fence)?;
-    Some((hold.fence, Lease::granted(request.ttl, busy.sent, hold.lease)))
+    let busy = last_busy.filter(|busy| hold.fence > busy.fence || reverted(Fix::FreshAnnouncement))?;
+    Some((hold.fence, Lease::granted(request.ttl, busy.sent, reported(request, hold))))
+}
+
+/// The lease the server reported for a hold (the full `ttl` asked for only where the simulation reverted that
+/// fix, to show what assuming it breaks).
+fn reported(request: &LockRequest, hold: Hold) -> Duration {
+    if reverted(Fix::LeaseFromServer) {
+        request.ttl
+    } else {
+        hold.lease
+    }
 }
 
 /// How long between refreshes of a waiter's place: the retry strategy's delay, at most a third of the lease.

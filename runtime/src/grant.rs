@@ -9,6 +9,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{LockKeys, Store};
+use crate::hooks::{reverted, Fix};
 use crate::{Client, LockError, LockToken, ReleaseOutcome};
 
 /// The allowance for clock-rate drift between this process and Redis: 1% of the lease plus 2 ms.
@@ -138,7 +139,12 @@ impl Grant {
     /// Whether this grant may no longer be used: finished (released, dropped), marked lost, or past its
     /// validity on the monotonic clock.
     pub(crate) fn is_lost(&self) -> bool {
-        self.is_finished() || self.lease().is_lost()
+        self.finished_is_lost() || self.lease().is_lost()
+    }
+
+    /// A finished grant reads as lost (unless a simulation reverted that fix).
+    fn finished_is_lost(&self) -> bool {
+        self.is_finished() && !reverted(Fix::FinishedIsLost)
     }
 
     /// The instant [`is_lost`](Grant::is_lost) compares with: `valid_until`, which losing or finishing the
@@ -155,10 +161,11 @@ impl Grant {
             // Registered before reading, so a change in between is not missed.
             changed.as_mut().enable();
             let lease = self.lease();
-            if self.is_finished() || lease.is_lost() {
+            if self.finished_is_lost() || lease.is_lost() {
                 return;
             }
             tokio::select! {
+                biased;
                 () = changed => {}
                 () = tokio::time::sleep_until(lease.valid_until) => {}
             }
@@ -230,12 +237,15 @@ impl Grant {
         let in_flight = self.state.fetch_or(FINISHED, Ordering::AcqRel) & RENEWING != 0;
         self.client.inner.renewer.cancel(self);
         // A finished grant reads as lost, its deadline now at the latest; a renewal still in flight cannot
-        // move it (renewals apply only to leases not lost).
-        self.update_lease(|l| {
-            l.lost = true;
-            l.valid_until = l.valid_until.min(Instant::now());
-            true
-        });
+        // move it (renewals apply only to leases not lost). (A simulation may revert this fix to show that
+        // it catches what the fix prevents.)
+        if !reverted(Fix::FinishedIsLost) {
+            self.update_lease(|l| {
+                l.lost = true;
+                l.valid_until = l.valid_until.min(Instant::now());
+                true
+            });
+        }
         in_flight
     }
 
@@ -260,7 +270,7 @@ impl Grant {
                 done.await;
             }
         }
-        if self.lease().gone {
+        if self.lease().gone || (reverted(Fix::ReleaseLostByClock) && self.lease().is_lost()) {
             return Ok(ReleaseOutcome::Expired);
         }
         let keep = self.keep_after_release();

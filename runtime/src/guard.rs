@@ -7,6 +7,7 @@ use tokio::time::Instant;
 
 use crate::backend::Store;
 use crate::grant::{Grant, Lease};
+use crate::hooks::{reverted, Fix};
 use crate::{LockError, LockToken};
 
 /// What [`LockGuard::release`] found.
@@ -152,22 +153,41 @@ impl LockGuard {
 
     /// Sets the lease to `ttl` from now; the watchdog keeps renewing with `ttl` from then on.
     /// Fails with [`LockError::Lost`] when the lock is no longer this guard's, also when the reply came back
-    /// after the lease had run out. When the call itself fails (a timeout, [`LockError::NotReplicated`]) the
-    /// server may or may not have applied it: the guard then assumes the shorter of the two leases.
+    /// after the lease had run out. While the call is on its way, and when it fails (a timeout,
+    /// [`LockError::NotReplicated`]), the server may or may not have applied it: the guard then assumes the
+    /// shorter of the two leases.
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
         crate::request::check_ttl(ttl)?;
         let grant = &self.grant;
         let lost = || LockError::Lost { key: grant.keys.name.clone() };
+        // Declared before the ticket, so that it acts after the ticket is dropped.
+        let mut unanswered = Unanswered(None);
         // One command setting the lease at a time: a renewal in flight with the old ttl comes back first.
-        let ticket = grant.exclusive().await.ok_or_else(lost)?;
+        let serialized = !reverted(Fix::SerializedExtend);
+        let ticket = if serialized { Some(grant.exclusive().await.ok_or_else(lost)?) } else { None };
         let before = grant.lease();
         if before.is_lost() {
             return Err(lost());
         }
         let sent = Instant::now();
+        if serialized {
+            // The server may set the new lease any moment from now on, and the reply may come late or never:
+            // until it says otherwise, the lease ends no later than either outcome would end it (an extend to
+            // a shorter lease lowers the deadline now, not when its reply arrives).
+            let applied = Lease::granted(ttl, sent, ttl);
+            grant.update_lease(|l| {
+                let shorter = applied.valid_until < l.valid_until;
+                if shorter {
+                    l.valid_until = applied.valid_until;
+                }
+                shorter
+            });
+        }
+        unanswered.0 = serialized.then_some(grant);
         let reply = grant.client.inner.backend.renew(&grant.keys, &grant.token, ttl).await;
+        unanswered.0 = None;
         let outcome = match reply {
-            Ok(true) if Instant::now() < before.valid_until => {
+            Ok(true) if Instant::now() < before.valid_until || !serialized => {
                 grant.update_lease(|l| {
                     let applies = !l.lost;
                     if applies {
@@ -185,17 +205,13 @@ impl LockGuard {
                 grant.mark_gone("extend found the lock gone or taken");
                 Err(lost())
             }
+            Err(e) if !serialized => Err(e),
             Err(e) => {
-                // Applied or not, unknown: the lease ends no later than either outcome would end it. A
-                // renewal goes out at once to restore it.
-                let applied = Lease::granted(ttl, sent, ttl);
+                // Applied or not, unknown: the earlier deadline assumed above stays. A renewal goes out at once
+                // to restore the lease.
                 grant.update_lease(|l| {
-                    let shorter = applied.valid_until < l.valid_until;
-                    if shorter {
-                        l.valid_until = applied.valid_until;
-                    }
                     l.renew_at = Instant::now();
-                    shorter
+                    false
                 });
                 Err(e)
             }
@@ -237,6 +253,24 @@ impl LockGuard {
     }
 }
 
+/// An extend sent and not answered, because its future was dropped (cancelled): as after a failed one, its
+/// outcome is unknown, the earlier deadline stays, and a renewal goes out at once to restore the lease (its
+/// old time may lie past the lowered deadline).
+struct Unanswered<'a>(Option<&'a Arc<Grant>>);
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some(grant) = self.0 {
+            let now = Instant::now();
+            grant.update_lease(|l| {
+                l.renew_at = now;
+                false
+            });
+            grant.client.inner.renewer.schedule(grant, now);
+        }
+    }
+}
+
 /// The lock held by the lock body running now — the innermost [`LockRequest::run`](crate::LockRequest::run) or
 /// `#[distributed_lock]` function around this call — as a nested guard: read its key and fencing token, watch
 /// for its loss, extend it, see its [`deadline`](LockGuard::deadline). Dropping it leaves the hold in place,
@@ -267,7 +301,7 @@ impl Drop for LockGuard {
         let grant = Arc::clone(&self.grant);
         // The server said the token no longer holds the lock: nothing to release. A lock lost by the clock
         // alone is released all the same (by token, so never another owner's): the server may still hold it.
-        if grant.lease().gone {
+        if grant.lease().gone || (reverted(Fix::ReleaseLostByClock) && grant.lease().is_lost()) {
             grant.abandon();
             return;
         }

@@ -77,6 +77,7 @@ mod error;
 mod grant;
 mod guard;
 mod held;
+mod hooks;
 mod request;
 mod token;
 #[cfg(feature = "tower")]
@@ -89,6 +90,10 @@ pub mod __private {
 }
 mod private;
 mod renewer;
+/// Not public API: the deterministic simulation of the lock engine (feature `simulation`, for its tests).
+#[cfg(feature = "simulation")]
+#[doc(hidden)]
+pub mod simulation;
 
 pub use client::{current_client, install, with_client, Client, ClientBuilder, LockInfo};
 pub use distlock_macros::distributed_lock;

@@ -129,6 +129,7 @@ async fn run(strong: Arc<Shared>) {
             Some(when) if when <= Instant::now() => continue,
             Some(when) => {
                 tokio::select! {
+                    biased;
                     () = wake => {}
                     () = tokio::time::sleep_until(when) => {}
                 }

@@ -91,7 +91,7 @@ impl RetryStrategy {
             Self::Exponential { base, max } => base.saturating_mul(1 << attempt.saturating_sub(1).min(20)).min(max),
         };
         // Equal jitter: half fixed, half random, so waiters spread out but none retries at once.
-        let random = getrandom::u64().unwrap_or(u64::MAX / 2);
+        let random = crate::hooks::random_u64().or_else(|| getrandom::u64().ok()).unwrap_or(u64::MAX / 2);
         let half = full / 2;
         let spread = half.as_nanos().min(u128::from(u64::MAX)) as u64;
         let jitter = if spread == 0 { 0 } else { random % spread };

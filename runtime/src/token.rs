@@ -26,8 +26,14 @@ pub(crate) const TOKEN_LEN: usize = 32;
 impl LockToken {
     pub(crate) fn random() -> Self {
         let mut bytes = [0u8; TOKEN_LEN / 2];
-        // No OS randomness means no unguessable tokens; a lock library cannot go on safely without it.
-        getrandom::fill(&mut bytes).expect("the operating system's random source failed");
+        if let (Some(high), Some(low)) = (crate::hooks::random_u64(), crate::hooks::random_u64()) {
+            // A deterministic simulation: tokens from its seed, so a schedule replays exactly.
+            bytes[..8].copy_from_slice(&high.to_le_bytes());
+            bytes[8..].copy_from_slice(&low.to_le_bytes());
+        } else {
+            // No OS randomness means no unguessable tokens; a lock library cannot go on safely without it.
+            getrandom::fill(&mut bytes).expect("the operating system's random source failed");
+        }
         // Inline hex, not a String: one allocation less per lock, 24 bytes less per held lock.
         let mut hex = [0u8; TOKEN_LEN];
         for (i, byte) in bytes.into_iter().enumerate() {

@@ -15,6 +15,7 @@ pub mod monitor;
 pub mod proxy;
 pub mod sentinel;
 mod server;
+pub mod simulation;
 pub mod soak;
 pub mod stall;
 pub mod store;

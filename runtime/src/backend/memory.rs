@@ -91,7 +91,8 @@ impl MemoryState {
     /// process, and the last one is kept only for `lease` + [`FENCE_RETENTION`].
     fn next_fence(&mut self, keys: &LockKeys, lease: Duration) -> u64 {
         let now = Instant::now();
-        let clock = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
+        let clock = crate::hooks::wall_clock_micros()
+            .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros()));
         let kept = self.fences.get(&keys.record).filter(|f| f.expires_at > now).map_or(0, |f| f.last);
         let fence = (kept + 1).max(u64::try_from(clock).unwrap_or(u64::MAX));
         self.fences.insert(keys.record.clone(), Fence { last: fence, expires_at: now + lease + FENCE_RETENTION });
@@ -176,6 +177,15 @@ impl MemoryBackend {
     #[cfg(test)]
     pub(crate) fn with_capabilities(capabilities: Capabilities) -> Self {
         Self { capabilities, ..Self::default() }
+    }
+
+    /// What the store holds for the record `record` right now, without touching it: the owner's token
+    /// (`None`: kept by nobody), fencing token and expiry. The simulation's oracle reads the truth here.
+    #[cfg(feature = "simulation")]
+    pub(crate) fn peek(&self, record: &str) -> Option<(Option<String>, u64, Instant)> {
+        let now = Instant::now();
+        let state = self.state();
+        state.records.get(record).filter(|r| r.expires_at > now).map(|r| (r.token.clone(), r.fence, r.expires_at))
     }
 
     fn state(&self) -> MutexGuard<'_, MemoryState> {

@@ -148,6 +148,9 @@ impl Announcement {
 pub(crate) enum Backend {
     Redis(RedisBackend),
     Memory(MemoryBackend),
+    /// The memory store's semantics behind a seeded fault layer, in simulated time (tests only).
+    #[cfg(feature = "simulation")]
+    Simulated(crate::simulation::SimStore),
 }
 
 /// Announcements of releases of one lock: the counter moves on every release seen, and also whenever
@@ -194,6 +197,8 @@ macro_rules! dispatch {
         match $self {
             Backend::Redis($b) => $call,
             Backend::Memory($b) => $call,
+            #[cfg(feature = "simulation")]
+            Backend::Simulated($b) => $call,
         }
     };
 }

@@ -1,0 +1,144 @@
+//! The oracle: it knows the truth (the store's record and its expiry in simulated time) and checks the
+//! safety model against it after every command the store applies and at every observation:
+//! - a guard that says valid holds the store's record: its token, its fencing token, and an expiry no earlier
+//!   than the guard's own deadline (S6: a guard's deadline never lies past the server's expiry of its grant);
+//!   so no two guards of a key say valid at once;
+//! - a guard reads lost only when the store no longer holds its grant or a fault kept its renewals away;
+//! - fencing tokens rise per key: a record of a new owner carries a higher one than the last;
+//! - a holder that is gone (request over, guard released or dropped) leaves nothing held, unless a fault kept
+//!   its clean-up from the store; a crashed client's locks are free within their lease.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{short, World};
+use crate::grant::Grant;
+
+impl World {
+    /// Checks every watched guard that says valid against the store.
+    pub(super) fn check(&self, when: &str) {
+        let grants: Vec<(Arc<Grant>, usize, String)> = {
+            let mut state = self.state();
+            state.probes.retain(|(grant, ..)| grant.strong_count() > 0);
+            state.probes.iter().filter_map(|(g, c, n)| Some((g.upgrade()?, *c, n.clone()))).collect()
+        };
+        let mut valid: Vec<(&str, &str)> = Vec::new();
+        for (grant, client, name) in &grants {
+            if grant.is_lost() {
+                continue;
+            }
+            if !self.check_grant(grant, *client, &format!("{name} ({when})")) {
+                continue;
+            }
+            if let Some((other, _)) = valid.iter().find(|(record, _)| *record == grant.keys.record) {
+                self.violation(format!("two guards of {other} say valid at once: {name} and another"));
+            }
+            valid.push((&grant.keys.record, name));
+        }
+    }
+
+    /// One guard that says valid: the store must hold its grant until at least its deadline.
+    pub(super) fn check_grant(&self, grant: &Grant, client: usize, name: &str) -> bool {
+        let lease = grant.lease();
+        let now = Instant::now();
+        let ms = |at: Instant| at.saturating_duration_since(self.start).as_secs_f64() * 1000.0;
+        match self.memory.peek(&grant.keys.record) {
+            Some((Some(token), fence, expires_at)) if token == grant.token.as_str() => {
+                if lease.valid_until > expires_at {
+                    self.violation(format!(
+                        "c{client} {name}: guard valid until {:.3} ms, past the store's expiry of its grant at {:.3} ms",
+                        ms(lease.valid_until),
+                        ms(expires_at)
+                    ));
+                    return false;
+                }
+                if fence != grant.fence {
+                    self.violation(format!(
+                        "c{client} {name}: guard has fencing token {}, the store's grant {fence}",
+                        grant.fence
+                    ));
+                    return false;
+                }
+                true
+            }
+            Some((holder, fence, _)) => {
+                self.violation(format!(
+                    "c{client} {name}: guard (fence {}, valid until {:.3} ms) says valid while the store's record is {}'s (fence {fence})",
+                    grant.fence,
+                    ms(lease.valid_until),
+                    holder.as_deref().map_or_else(|| "nobody".to_owned(), short)
+                ));
+                false
+            }
+            None => {
+                self.violation(format!(
+                    "c{client} {name}: guard (fence {}, valid until {:.3} ms) says valid at {:.3} ms while the store holds no record",
+                    grant.fence,
+                    ms(lease.valid_until),
+                    ms(now)
+                ));
+                false
+            }
+        }
+    }
+
+    /// A guard reads lost: unless its grant is over, the store must no longer hold it, or something must have
+    /// kept its client's renewals from the store since its last lease was granted.
+    pub(super) fn check_needless_loss(&self, grant: &Grant, client: usize, name: &str) {
+        let lease = grant.lease();
+        if grant.is_finished() || lease.gone {
+            return;
+        }
+        let Some((Some(holder), ..)) = self.memory.peek(&grant.keys.record) else { return };
+        let since = lease.since.checked_sub(self.config.response_timeout).unwrap_or(lease.since);
+        if holder != grant.token.as_str() || self.disturbed(client, since, Instant::now()) {
+            return;
+        }
+        self.violation(format!(
+            "c{client} {name}: guard reads lost while the store holds its grant, with no fault since its lease was granted"
+        ));
+    }
+
+    /// After the store applied a command on `record`: a new owner's fencing token is above the last one's.
+    pub(super) fn check_fence(&self, record: &str) {
+        let Some((token, fence, _)) = self.memory.peek(record) else { return };
+        let mut state = self.state();
+        let last = state.last_fence.insert(record.to_owned(), (token.clone(), fence));
+        drop(state);
+        if let Some((last_token, last_fence)) = last {
+            if last_token != token && fence <= last_fence {
+                self.violation(format!("fencing token {fence} of a new owner of {record} is not above {last_fence}"));
+            }
+        }
+    }
+
+    /// `since` + a round trip or two after the holder of `tokens` was gone: the store holds none of them,
+    /// unless a fault kept the clean-up from it.
+    pub(super) fn check_gone(&self, client: usize, record: &str, tokens: &[String], since: Instant) {
+        let Some((Some(holder), ..)) = self.memory.peek(record) else { return };
+        if !tokens.contains(&holder) || self.disturbed(client, since - self.config.normal_delay * 4, Instant::now()) {
+            return;
+        }
+        let gone = since.saturating_duration_since(self.start).as_secs_f64() * 1000.0;
+        self.violation(format!(
+            "c{client}: {record} still held by {} after its holder was gone at {gone:.3} ms, with no fault in between",
+            short(&holder)
+        ));
+    }
+
+    /// `bound` after client `client` crashed: the store holds no lock for any token of it.
+    pub(super) fn check_crashed(&self, client: usize, bound: Duration) {
+        let records: Vec<String> = self.state().last_fence.keys().cloned().collect();
+        for record in records {
+            let Some((Some(holder), ..)) = self.memory.peek(&record) else { continue };
+            if self.state().owners.get(&holder) == Some(&client) {
+                self.violation(format!(
+                    "c{client} crashed, yet {record} is still held by its token {} {bound:?} later",
+                    short(&holder)
+                ));
+            }
+        }
+    }
+}
