@@ -1,7 +1,7 @@
 //! Deterministic simulation of the lock engine (feature `simulation`; not public API).
 //!
 //! The real engine — acquire, hand-over, renewal, extend, release — runs unchanged against a simulated
-//! store ([`SimStore`]: the memory store's semantics behind a seeded fault layer) on a current-thread tokio
+//! store (`SimStore`: the memory store's semantics behind a seeded fault layer) on a current-thread tokio
 //! runtime whose clock is paused, so minutes of simulated time pass in milliseconds and every choice comes
 //! from one seed: the faults, the engine's tokens and retry jitter (through `crate::hooks`) and the workload.
 //! An oracle that reads the store's truth checks the safety model after every command the store applies and

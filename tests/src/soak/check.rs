@@ -29,7 +29,7 @@ pub struct History {
     pub incarnations: Vec<Incarnation>,
     /// The register's list of accepted tokens, per lock key, as read at the end.
     pub register: BTreeMap<String, Vec<u64>>,
-    /// When the faults stopped ([`now_ns`]).
+    /// When the faults stopped ([`now_ns`](super::events::now_ns)).
     pub healed_at: u64,
     /// Times are shown relative to this (the start of the run).
     pub origin: u64,

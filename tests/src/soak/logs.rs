@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use super::events::{parse_log, Event};
 
 /// Whether a worker log shows progress since `since`: a grant asked for then or later, released as
-/// `Released` (what [`Check::Progress`] wants of every worker after the heal).
+/// `Released` (what [`Check::Progress`](super::check::Check::Progress) wants of every worker after the heal).
 pub fn progressed(log: &str, since: u64) -> bool {
     let mut granted: Vec<(String, String)> = Vec::new();
     for e in parse_log(log).0 {
