@@ -36,6 +36,8 @@ pub struct RedisServer {
     /// A config file's text, written to `<tempdir>/redis.conf` (once: Sentinel rewrites its own) and given
     /// first on the command line.
     config: Option<String>,
+    /// The `--requirepass` password, if any: the harness's own checks authenticate with it.
+    password: Option<String>,
     port: u16,
     child: Option<Child>,
     // Declared last: removed after the process is gone.
@@ -106,6 +108,14 @@ impl RedisServer {
         Self::start_with(binary, vec!["--sentinel".into()], Some(config))
     }
 
+    /// Starts a server that requires `password` (`--requirepass`). [`url`](Self::url) has no password in
+    /// it; [`connection`](Self::connection) authenticates.
+    pub fn with_password(password: &str) -> Self {
+        let binary =
+            std::env::var_os("REDIS_SERVER_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("redis-server"));
+        Self::start_with(binary, vec!["--requirepass".into(), password.into()], None)
+    }
+
     fn start(binary: PathBuf, extra_args: Vec<String>) -> Self {
         Self::start_with(binary, extra_args, None)
     }
@@ -115,7 +125,9 @@ impl RedisServer {
             .prefix("distlock-redis-")
             .tempdir()
             .unwrap_or_else(|e| panic!("cannot create a temporary directory for redis-server: {e}"));
-        let mut server = RedisServer { binary, extra_args, config, port: 0, child: None, dir };
+        let password =
+            extra_args.iter().position(|a| a == "--requirepass").and_then(|i| extra_args.get(i + 1)).cloned();
+        let mut server = RedisServer { binary, extra_args, config, password, port: 0, child: None, dir };
         let mut last = String::new();
         for _ in 0..PORT_ATTEMPTS {
             server.port = free_port();
@@ -181,7 +193,11 @@ impl RedisServer {
 
     /// An async connection over TCP, for assertions.
     pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
-        let client = redis::Client::open(self.url()).unwrap_or_else(|e| panic!("bad url {}: {e}", self.url()));
+        let url = match &self.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}/", self.port),
+            None => self.url(),
+        };
+        let client = redis::Client::open(url).unwrap_or_else(|e| panic!("bad url {}: {e}", self.url()));
         client
             .get_multiplexed_async_connection()
             .await
@@ -292,8 +308,8 @@ impl RedisServer {
             }
             // The unix socket is certainly ours; once it answers, redis has bound every
             // listener (it exits if one fails), and the TCP check proves the port is ours too.
-            if ping_unix(&self.unix_socket()).is_ok() {
-                return match tcp_process_id(self.port) {
+            if ping_unix(&self.unix_socket(), self.password.as_deref()).is_ok() {
+                return match tcp_process_id(self.port, self.password.as_deref()) {
                     Ok(p) if p == pid => Ok(()),
                     Ok(other) => {
                         self.kill();
@@ -379,10 +395,13 @@ fn raw_command<S: Read + Write>(stream: S, args: &[&str]) -> io::Result<String> 
     }
 }
 
-fn ping_unix(path: &Path) -> io::Result<()> {
+fn ping_unix(path: &Path, password: Option<&str>) -> io::Result<()> {
     let stream = UnixStream::connect(path)?;
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
     stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+    if let Some(password) = password {
+        raw_command(&stream, &["AUTH", password])?;
+    }
     match raw_command(&stream, &["PING"])?.as_str() {
         "PONG" => Ok(()),
         other => Err(io::Error::other(format!("PING answered {other:?}"))),
@@ -390,11 +409,14 @@ fn ping_unix(path: &Path) -> io::Result<()> {
 }
 
 /// The `process_id` that the server on `127.0.0.1:port` reports in `INFO server`.
-fn tcp_process_id(port: u16) -> io::Result<u32> {
+fn tcp_process_id(port: u16, password: Option<&str>) -> io::Result<u32> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
     stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+    if let Some(password) = password {
+        raw_command(&stream, &["AUTH", password])?;
+    }
     let info = raw_command(&stream, &["INFO", "server"])?;
     info.lines()
         .find_map(|l| l.strip_prefix("process_id:"))

@@ -18,13 +18,9 @@ fn chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-/// A server that requires `PASSWORD` (set after start, so the harness's own readiness check needs none).
+/// A server started with `--requirepass PASSWORD`.
 async fn protected_server() -> RedisServer {
-    let server = RedisServer::new();
-    let mut conn = server.connection().await;
-    let () =
-        redis::cmd("CONFIG").arg("SET").arg("requirepass").arg(PASSWORD).query_async(&mut conn).await.expect("set");
-    server
+    RedisServer::with_password(PASSWORD)
 }
 
 async fn build_error(url: &str) -> LockError {
