@@ -595,10 +595,29 @@ async fn send_script<T: FromRedisValue>(
     if reply.as_ref().is_err_and(redis::RedisError::is_connection_dropped) {
         reply = cmd.query_async(conn).await;
     }
+    // A cluster in the middle of a failover answers MOVED, TRYAGAIN or CLUSTERDOWN until its slot map settles,
+    // which can outlast the redis crate's own retries: a few more, a moment apart.
+    for _ in 0..CLUSTER_SETTLE_RETRIES {
+        if !reply.as_ref().is_err_and(is_cluster_in_flux) {
+            break;
+        }
+        tokio::time::sleep(CLUSTER_SETTLE_PAUSE).await;
+        reply = cmd.query_async(conn).await;
+    }
     if reply.as_ref().is_err_and(is_noscript) {
         reply = build(true).query_async(conn).await;
     }
     reply
+}
+
+/// How many more times, and how far apart, a call is sent while a cluster's slots move (at most ~0.5 s).
+const CLUSTER_SETTLE_RETRIES: usize = 5;
+const CLUSTER_SETTLE_PAUSE: Duration = Duration::from_millis(100);
+
+/// MOVED, ASK, TRYAGAIN or CLUSTERDOWN: the cluster is moving a slot or electing a primary.
+fn is_cluster_in_flux(e: &redis::RedisError) -> bool {
+    use redis::ServerErrorKind::{Ask, ClusterDown, Moved, TryAgain};
+    matches!(e.kind(), redis::ErrorKind::Server(Moved | Ask | TryAgain | ClusterDown))
 }
 
 /// The connection settings for `url` (`server` is its redacted form, for the error).
