@@ -1,0 +1,158 @@
+//! An HTTP service whose handler is `#[distributed_lock]`ed, and how to test it with a client of its own.
+//!
+//! ```text
+//! cargo run -p examples --example axum_service                                   # a demo: two requests, then exit
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run -p examples --example axum_service  # the same on a real Redis
+//! cargo run -p examples --example axum_service -- --serve                         # serve on 127.0.0.1:3000
+//! curl -i -X POST http://127.0.0.1:3000/reports/7 & curl -i -X POST http://127.0.0.1:3000/reports/7
+//! ```
+//!
+//! `POST /reports/{id}` builds report `id` under the lock `report:<id>`: while one request builds it, another
+//! for the same id gets `409 Conflict` with a `Retry-After` from the holder's remaining lease; a backend that is
+//! down gives `503`, a lock lost mid-build `500`. The client reaches the handler through
+//! `distlock::tower::ClientLayer`: `axum::serve` runs each connection in a task of its own, where a
+//! `with_client` scope would not reach, so the test below can give the service its own client.
+
+use std::time::Duration;
+
+use axum::extract::Path;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use distlock::tower::ClientLayer;
+use distlock::{distributed_lock, Client, LockError};
+
+/// What the handler can fail with, as HTTP.
+#[derive(Debug)]
+enum AppError {
+    /// Another request builds this report now; try again after this many seconds.
+    Busy { retry_after_secs: u64 },
+    /// The lock store is unreachable.
+    Unavailable(String),
+    /// The lock was lost while building; the report may be incomplete.
+    Lost,
+}
+
+impl From<LockError> for AppError {
+    fn from(e: LockError) -> Self {
+        if e.is_busy() {
+            // The holder's lease left, rounded up: by then it has released or been renewed.
+            let left = e.holder().map_or(Duration::from_secs(1), |h| h.remaining_ttl);
+            return AppError::Busy { retry_after_secs: left.as_secs() + 1 };
+        }
+        match e {
+            LockError::Lost { .. } => AppError::Lost,
+            other => AppError::Unavailable(other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        match self {
+            AppError::Busy { retry_after_secs } => {
+                (StatusCode::CONFLICT, [(header::RETRY_AFTER, retry_after_secs.to_string())], "being built\n")
+                    .into_response()
+            }
+            AppError::Unavailable(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
+            AppError::Lost => (StatusCode::INTERNAL_SERVER_ERROR, "lock lost while building\n").into_response(),
+        }
+    }
+}
+
+/// Builds one report; at most one request at a time per id, across every replica of the service.
+#[distributed_lock(key = "report:<id>", ttl = "10s")]
+async fn build_report(id: u64) -> Result<String, AppError> {
+    tokio::time::sleep(Duration::from_millis(300)).await; // the work
+    Ok(format!("report {id}\n"))
+}
+
+async fn post_report(Path(id): Path<u64>) -> Result<String, AppError> {
+    build_report(id).await
+}
+
+/// The service, with `client` in scope for every request.
+fn app(client: Client) -> Router {
+    Router::new().route("/reports/{id}", post(post_report)).layer(ClientLayer::new(client))
+}
+
+/// Sends `POST path` over a plain HTTP/1.1 connection; the status code and the `Retry-After` header, if any.
+async fn send_post(address: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, Option<String>)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    let request = format!("POST {path} HTTP/1.1\r\nHost: demo\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let retry_after =
+        response.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("retry-after:").map(|v| v.trim().to_owned()));
+    Ok((status, retry_after))
+}
+
+/// Serves on a free port and sends two requests for one report, the second while the first builds it.
+async fn two_requests(client: Client) -> Result<[(u16, Option<String>); 2], Box<dyn std::error::Error>> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    tokio::spawn(std::future::IntoFuture::into_future(axum::serve(listener, app(client.clone()))));
+    let first = tokio::spawn(async move { send_post(address, "/reports/7").await });
+    // The second one once the first holds the lock (its body takes 300 ms).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while client.lock_info("report:7").await?.is_none() {
+        if tokio::time::Instant::now() > deadline {
+            return Err("the first request never took the lock".into());
+        }
+        tokio::task::yield_now().await;
+    }
+    let second = send_post(address, "/reports/7").await?;
+    Ok([first.await??, second])
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let client = match std::env::var("REDIS_URL") {
+        Ok(url) => Client::builder().redis(url).build().await?,
+        Err(_) => Client::builder().memory().build().await?,
+    };
+    if std::env::args().any(|a| a == "--serve") {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+        println!("POST http://{}/reports/{{id}} (Ctrl-C stops)", listener.local_addr()?);
+        axum::serve(listener, app(client))
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?;
+        return Ok(());
+    }
+    let [first, second] = two_requests(client).await?;
+    println!("first request:  {} ", first.0);
+    println!("second request: {} (Retry-After: {})", second.0, second.1.as_deref().unwrap_or("none"));
+    if first.0 != 200 || second.0 != 409 {
+        return Err("expected 200 for the first request and 409 for the second".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two requests for one report at once through `axum::serve`: one builds it, the other gets 409 with a
+    /// Retry-After; afterwards the report can be built again. No client is installed: the layer's is used.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_second_request_for_a_report_being_built_gets_409() {
+        let client = Client::builder().memory().build().await.expect("client");
+        let [first, second] = two_requests(client.clone()).await.expect("two requests");
+        assert_eq!(first, (200, None));
+        assert_eq!(second.0, 409);
+        let retry_after: u64 = second.1.expect("a Retry-After").parse().expect("seconds");
+        assert!((1..=11).contains(&retry_after), "Retry-After {retry_after}");
+        // The report can be built again once the first request is done, and another is never blocked.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        tokio::spawn(std::future::IntoFuture::into_future(axum::serve(listener, app(client))));
+        assert_eq!(send_post(address, "/reports/7").await.expect("third").0, 200);
+        assert_eq!(send_post(address, "/reports/8").await.expect("another").0, 200);
+    }
+}
