@@ -190,6 +190,11 @@ impl Fixture {
         self.redlock.iter().map(|(_, c)| c.clone()).collect()
     }
 
+    /// Whether grants carry fencing tokens (every backend but Redlock, which refuses them).
+    pub fn gives_fencing_tokens(&self) -> bool {
+        self.backend != Backend::Redlock
+    }
+
     /// Which backend this is.
     pub fn backend(&self) -> Backend {
         self.backend

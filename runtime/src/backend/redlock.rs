@@ -395,8 +395,11 @@ impl Store for RedlockBackend {
             let (keys, token) = (keys.clone(), token.clone());
             async move { server.remaining(&keys, &token).await }
         });
-        let replies = self.collect(&mut rx, self.per_server(None), &keys.name, |_| false).await;
         let (n, quorum) = (self.servers.len(), self.quorum());
+        let decided = |r: &[Option<Result<Option<Duration>, LockError>>]| {
+            count(r, Option::is_some) >= quorum || count(r, Option::is_none) > n - quorum
+        };
+        let replies = self.collect(&mut rx, self.per_server(None), &keys.name, decided).await;
         let held: Vec<Duration> = replies.iter().filter_map(|r| r.as_ref().ok().copied().flatten()).collect();
         if held.len() >= quorum {
             return Ok(quorum_remaining(held, quorum));
@@ -414,8 +417,11 @@ impl Store for RedlockBackend {
             let keys = keys.clone();
             async move { server.info(&keys).await }
         });
-        let replies = self.collect(&mut rx, self.per_server(None), &keys.name, |_| false).await;
         let (n, quorum) = (self.servers.len(), self.quorum());
+        let decided = |r: &[Option<Result<Option<LockInfo>, LockError>>]| {
+            count(r, Option::is_some) >= quorum || count(r, Option::is_none) > n - quorum
+        };
+        let replies = self.collect(&mut rx, self.per_server(None), &keys.name, decided).await;
         let mut held: Vec<LockInfo> = replies.iter().filter_map(|r| r.as_ref().ok().cloned().flatten()).collect();
         if held.len() >= quorum {
             held.sort_unstable_by_key(|info| std::cmp::Reverse(info.remaining_ttl));
@@ -429,13 +435,16 @@ impl Store for RedlockBackend {
         Err(self.no_quorum("answered", held.len(), replies))
     }
 
-    /// Deleted on every server that answers; true if any had a record. An error unless a quorum answered.
+    /// Deleted on every server (those still in flight when a quorum has answered finish in the background);
+    /// true if any that answered had a record. An error unless a quorum answered.
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
         let mut rx = self.ask_all(|server| {
             let keys = keys.clone();
             async move { server.force_unlock(&keys).await }
         });
-        let replies = self.collect(&mut rx, self.per_server(None), &keys.name, |_| false).await;
+        let quorum = self.quorum();
+        let decided = |r: &[Option<Result<bool, LockError>>]| count(r, |_| true) >= quorum;
+        let replies = self.collect(&mut rx, self.per_server(None), &keys.name, decided).await;
         let answered = replies.iter().filter(|r| r.is_ok()).count();
         if answered < self.quorum() {
             return Err(self.no_quorum("answered", answered, replies));
