@@ -8,8 +8,9 @@
 //! when the per-server timeout runs out, whichever comes first; the calls still in flight finish in the
 //! background, so a hung server costs a round nothing while a quorum answers without it.
 
+use std::collections::HashSet;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
@@ -30,6 +31,8 @@ const NO_FENCE: u64 = 0;
 
 pub(crate) struct RedlockBackend {
     servers: Vec<Arc<RedisBackend>>,
+    /// Acquire calls not yet over on their server (see [`Unfinished`]).
+    unfinished: Unfinished,
     /// The servers' URLs, passwords redacted, for messages.
     names: String,
     response: Duration,
@@ -53,6 +56,37 @@ enum Verdict {
 
 /// One server's renewals of a batch: each lock's outcome, or the batch's error.
 type BatchReply = Result<Vec<Result<bool, LockError>>, LockError>;
+
+/// The (server, token) pairs whose acquire call on that server is not over: its reply has not come, or the
+/// grant it made is still being given back.
+///
+/// The engine retries a failed acquire with the same token, and a give-back is a release by that token: sent
+/// to a server after the next round's acquire there, it would delete the grant that round counted in its
+/// quorum. So a server whose previous call for the token is not over sits the next round out (a failed vote);
+/// the give-back, when it comes, then touches no grant a quorum relies on.
+#[derive(Debug, Clone, Default)]
+struct Unfinished(Arc<Mutex<HashSet<(usize, String)>>>);
+
+impl Unfinished {
+    /// Marks server `i`'s call for `token` under way, unless one already is.
+    fn begin(&self, i: usize, token: &LockToken) -> Option<UnderWay> {
+        let entry = (i, token.as_str().to_owned());
+        let fresh = self.0.lock().unwrap_or_else(PoisonError::into_inner).insert(entry.clone());
+        fresh.then(|| UnderWay { set: self.clone(), entry })
+    }
+}
+
+/// A call marked under way in [`Unfinished`]; over when dropped.
+struct UnderWay {
+    set: Unfinished,
+    entry: (usize, String),
+}
+
+impl Drop for UnderWay {
+    fn drop(&mut self) {
+        self.set.0.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.entry);
+    }
+}
 
 /// One server's answer in a round: its index and what it replied.
 type Reply<T> = (usize, Result<T, LockError>);
@@ -87,7 +121,7 @@ impl RedlockBackend {
         let connected =
             futures_util::future::join_all(urls.iter().map(|url| RedisBackend::connect(url, settings))).await;
         let servers = connected.into_iter().map(|c| c.map(Arc::new)).collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { servers, names, response: settings.timeouts.response })
+        Ok(Self { servers, unfinished: Unfinished::default(), names, response: settings.timeouts.response })
     }
 
     fn quorum(&self) -> usize {
@@ -230,7 +264,19 @@ impl Store for RedlockBackend {
         let metadata: Arc<str> = metadata.into();
         let mut rx = self.fan_out(|server, tx, i| {
             let (keys, token, metadata, mut told) = (keys.clone(), token.clone(), metadata.clone(), told.clone());
+            let under_way = self.unfinished.begin(i, &token);
             async move {
+                let Some(_under_way) = under_way else {
+                    let source = redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "the previous attempt's call for this lock is not over on this server",
+                    ));
+                    let hint = "it sits this round out, so that giving back that attempt's grant cannot delete \
+                                this round's; nothing to do unless it persists, then check the server's health"
+                        .to_owned();
+                    let _ = tx.send((i, Err(BackendError::with_hint(server.server(), hint, source).into())));
+                    return;
+                };
                 let reply = server.acquire(&keys, &token, ttl, &metadata, None).await;
                 // Busy: another token holds it there, so this one holds nothing to give back.
                 let maybe_ours = !matches!(reply, Ok(Attempt::Busy { .. }));
