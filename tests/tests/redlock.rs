@@ -235,3 +235,47 @@ async fn sixty_four_tasks_on_four_keys_never_overlap() {
     let (min, max) = (per_task.iter().min().copied(), per_task.iter().max().copied());
     eprintln!("redlock fairness, 64 tasks on 4 keys for 2 s: {total} grants, per task min {min:?} max {max:?}");
 }
+
+/// The engine retries a failed round with the same token, and a failed round gives its grants back by that
+/// token. A give-back that reached a server after the next round's acquire there would delete a grant that
+/// round counted: here server 0 hangs with the first round's acquire queued, and once it wakes the next rounds
+/// need its vote (server 2 stays held by someone else). The lock must then really be held by a majority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_never_deletes_a_grant_a_later_round_counted() {
+    let _serial = distlock_tests::serial().await;
+    let fixture = Fixture::redlock().await;
+    let client = client_with_response_timeout(&fixture, secs(10)).await;
+    let servers: Vec<&RedisServer> = fixture.redlock_servers().collect();
+    let alone = |i: usize| Client::builder().redis(servers[i].url()).build();
+    let (on1, on2) = (alone(1).await.expect("client on 1"), alone(2).await.expect("client on 2"));
+    let held1 = on1.lock("k").ttl(secs(30)).acquire().await.expect("held on server 1");
+    let _held2 = on2.lock("k").ttl(secs(30)).acquire().await.expect("held on server 2");
+    let record = client.record_key("k");
+    let mut conns = fixture.redlock_connections();
+    let fence_on_1: u64 = conns[1].get(format!("{record}:fence")).await.expect("GET fence");
+    let hung = Stopped::stop(servers[0].pid().expect("pid"));
+    let acquiring = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let request = client.lock("k").ttl(secs(10)).wait(secs(30));
+            request.retry(distlock::RetryStrategy::Linear { step: ms(200) }).acquire().await
+        })
+    };
+    held1.release().await.expect("release on server 1");
+    // A round after that release reached server 1 (it granted there: the fence moved), with the first
+    // round's acquire still queued on server 0.
+    eventually(secs(10), "a round granted on server 1", || {
+        let mut conn = conns[1].clone();
+        let fence = format!("{record}:fence");
+        async move { conn.get::<_, u64>(&fence).await.expect("GET fence") > fence_on_1 }
+    })
+    .await;
+    hung.resume();
+    let guard = within(secs(30), "the acquire", acquiring).await.expect("join").expect("granted by servers 0 and 1");
+    // Servers 0 and 1 are the only majority: both must still hold it, so a renewal round succeeds.
+    guard.extend(secs(10)).await.expect("the majority still holds the lock");
+    for i in [0, 1] {
+        let held: bool = conns[i].exists(&record).await.expect("EXISTS");
+        assert!(held, "server {i} lost the grant the acquire counted");
+    }
+}
