@@ -66,22 +66,14 @@ macro_rules! all_backends {
     };
 }
 
-/// As [`all_backends!`], and `with_redlock::NAME` on three private servers under Redlock: for scenarios that
-/// assume neither a fair queue nor release wake-ups (Redlock has neither; queue.rs stays on
-/// [`all_backends!`]), and check fencing tokens only where [`Fixture::gives_fencing_tokens`].
+/// As [`all_backends!`], and `with_redlock::NAME` on three private servers under Redlock for the scenarios
+/// before `; not_on_redlock:`. Redlock has neither a fair queue nor release wake-ups (queue.rs stays on
+/// [`all_backends!`]) nor fencing tokens: scenarios on it check tokens only where
+/// [`Fixture::gives_fencing_tokens`].
 #[macro_export]
 macro_rules! all_backends_and_redlock {
-    ($($name:ident),* $(,)?) => {
-        $crate::all_backends!($($name),*);
-        $crate::redlock_too!($($name),*);
-    };
-}
-
-/// Only the `with_redlock::NAME` half of [`all_backends_and_redlock!`], for a file whose [`all_backends!`]
-/// list also holds scenarios Redlock cannot pass.
-#[macro_export]
-macro_rules! redlock_too {
-    ($($name:ident),* $(,)?) => {
+    ($($name:ident),* $(,)? $(; not_on_redlock: $($other:ident),* $(,)?)?) => {
+        $crate::all_backends!($($name,)* $($($other),*)?);
         $crate::backend_tests!(with_redlock, redlock, $($name),*);
     };
 }

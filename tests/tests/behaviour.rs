@@ -16,9 +16,8 @@ use tokio::task::JoinSet;
 
 // Each named scenario runs once per backend.
 
-distlock_tests::all_backends!(
-    fencing_tokens_strictly_increase,
-    waiters_are_woken_by_release,
+// Redlock gives no fencing tokens and announces no releases (tests/tests/redlock.rs checks both refusals).
+distlock_tests::all_backends_and_redlock!(
     mutual_exclusion_loses_no_update,
     vanished_holder_cannot_release_next_holders_lock,
     wait_bounds_waiting,
@@ -29,23 +28,8 @@ distlock_tests::all_backends!(
     extend_and_remaining_ttl,
     keys_with_braces_are_distinct_locks,
     min_hold_keeps_lock_after_body,
-    busy_error_says_who_holds_the_lock,
-);
-
-// All but the two above: Redlock gives no fencing tokens and announces no releases (tests/tests/redlock.rs
-// checks both refusals).
-distlock_tests::redlock_too!(
-    mutual_exclusion_loses_no_update,
-    vanished_holder_cannot_release_next_holders_lock,
-    wait_bounds_waiting,
-    watchdog_keeps_short_lease_through_long_work,
-    dropped_guard_frees_lock_promptly,
-    metadata_is_readable_by_others,
-    try_acquire_returns_none_when_busy,
-    extend_and_remaining_ttl,
-    keys_with_braces_are_distinct_locks,
-    min_hold_keeps_lock_after_body,
-    busy_error_says_who_holds_the_lock,
+    busy_error_says_who_holds_the_lock;
+    not_on_redlock: fencing_tokens_strictly_increase, waiters_are_woken_by_release,
 );
 
 // ---------------------------------------------------------------------------------------------------------

@@ -20,6 +20,18 @@ async fn servers_with(fixture: &Fixture, key: &str) -> usize {
     n
 }
 
+/// Waits until the server behind `conn` no longer has `record`, and checks it had granted it (the lock's
+/// fencing counter is there): a grant that was given back, not one never made.
+async fn given_back(conn: &redis::aio::MultiplexedConnection, record: &str, what: &str) {
+    eventually(secs(8), what, || {
+        let (mut conn, record) = (conn.clone(), record.to_owned());
+        async move { !conn.exists::<_, bool>(&record).await.expect("EXISTS") }
+    })
+    .await;
+    let granted: bool = conn.clone().exists(format!("{record}:fence")).await.expect("EXISTS fence");
+    assert!(granted, "{what}: the server never granted, so nothing was given back");
+}
+
 /// A Redlock client on `fixture`'s servers with the given response timeout.
 async fn client_with_response_timeout(fixture: &Fixture, response: Duration) -> Client {
     let urls: Vec<String> = fixture.redlock_servers().map(RedisServer::url).collect();
@@ -127,14 +139,8 @@ async fn a_dead_majority_fails_fast_leaves_nothing_held_and_holders_learn_they_l
     // Bounded by the per-server timeout (a twentieth of the ttl), not the 2 s response timeout; generously.
     assert!(took < secs(1), "a failed round took {took:?}");
     // The live server granted, and was given the grant back.
-    let mut live = fixture.redlock_connections().pop().expect("server 2");
-    eventually(secs(5), "the live server's grant given back", || {
-        let (mut live, record) = (live.clone(), record.clone());
-        async move { !live.exists::<_, bool>(&record).await.expect("EXISTS") }
-    })
-    .await;
-    let fence: bool = live.exists(format!("{record}:fence")).await.expect("EXISTS fence");
-    assert!(fence, "the live server never granted: the test did not test the give-back");
+    let live = fixture.redlock_connections().pop().expect("server 2");
+    given_back(&live, &record, "the live server's grant given back").await;
 }
 
 /// A hung server (SIGSTOP: its socket open, no replies) must not cost the rounds that a quorum decides
@@ -171,14 +177,7 @@ async fn a_hung_server_does_not_slow_acquires_and_a_late_grant_is_given_back() {
     // The hung server wakes, runs the acquire it had queued and grants: that late grant is given back.
     let record = client.record_key("late");
     hung.resume();
-    let mut woken = servers[0].connection().await;
-    eventually(secs(8), "the late grant given back", || {
-        let (mut woken, record) = (woken.clone(), record.clone());
-        async move { !woken.exists::<_, bool>(&record).await.expect("EXISTS") }
-    })
-    .await;
-    let granted: bool = woken.exists(format!("{record}:fence")).await.expect("EXISTS fence");
-    assert!(granted, "the woken server never granted: nothing late was tested");
+    given_back(&servers[0].connection().await, &record, "the late grant given back").await;
     other.release().await.expect("release");
 }
 
