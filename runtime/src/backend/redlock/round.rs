@@ -24,8 +24,8 @@ pub(super) type Reply<T> = (usize, Result<T, LockError>);
 /// The engine retries a failed acquire with the same token, and a give-back is a release by that token: sent
 /// to a server after the next round's acquire there, it would delete the grant that round counted in its
 /// quorum. So a server whose previous call for the token is not over sits the next round out (a failed vote);
-/// the give-back, when it comes, then touches no grant a quorum relies on.
-#[derive(Debug, Clone, Default)]
+/// the give-back, when it comes, then touches no grant a quorum relies on. No `Debug`: it holds tokens.
+#[derive(Clone, Default)]
 pub(super) struct Unfinished(Arc<Mutex<HashSet<(usize, String)>>>);
 
 impl Unfinished {
