@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use once_cell::sync::OnceCell;
 
-use crate::backend::{Backend, ConnectSettings, LockKeys, MemoryBackend, RedisBackend, ReplicaAcks};
+use crate::backend::{Backend, ConnectSettings, LockKeys, MemoryBackend, RedisBackend, RedlockBackend, ReplicaAcks};
 use crate::backend::{Store, Timeouts};
 use crate::error::redact_url;
 use crate::renewer::Renewer;
@@ -171,6 +171,7 @@ enum StoreChoice {
     Redis(RedisUrl),
     RedisCluster(Vec<RedisUrl>),
     RedisSentinel(Vec<RedisUrl>, String),
+    Redlock(Vec<RedisUrl>),
     Memory,
 }
 
@@ -248,6 +249,33 @@ impl ClientBuilder {
         self
     }
 
+    /// Keeps locks on `servers`, independent Redis primaries (an odd number, at least 3; URLs as for
+    /// [`redis`](Self::redis)), with the Redlock algorithm: a lock is held while a majority of them holds it,
+    /// so it survives the loss of a minority. An acquire asks all at once and is decided as soon as a majority
+    /// granted (or can no longer), each server getting a twentieth of the ttl (at least 10 ms, at most the
+    /// response timeout) to answer; the lease counts from before the first request, less a drift allowance.
+    /// Renewals need a majority; a release goes to every server.
+    ///
+    /// Not offered on Redlock: a fair queue and hand-over (waiters poll on their retry strategy, and nothing
+    /// stops one from being overtaken again and again), and fencing tokens
+    /// ([`LockGuard::fencing_token`](crate::LockGuard::fencing_token) is 0 and
+    /// [`LockGuard::try_fencing_token`](crate::LockGuard::try_fencing_token) an error). Every server must be
+    /// reachable when the client is built. See the README's Redlock section for the clock and restart
+    /// assumptions.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// let client = distlock::Client::builder()
+    ///     .redlock(["redis://10.0.0.1:6379/", "redis://10.0.1.1:6379/", "redis://10.0.2.1:6379/"])
+    ///     .build()
+    ///     .await?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn redlock<S: Into<String>>(mut self, servers: impl IntoIterator<Item = S>) -> Self {
+        self.store = StoreChoice::Redlock(servers.into_iter().map(|s| RedisUrl(s.into())).collect());
+        self
+    }
+
     /// Keeps locks in this process's memory: the same semantics, for tests and single-process programs.
     pub fn memory(mut self) -> Self {
         self.store = StoreChoice::Memory;
@@ -314,7 +342,7 @@ impl ClientBuilder {
         let backend = match self.store {
             StoreChoice::Unset => {
                 return Err(LockError::InvalidConfig(
-                    "no store chosen: call ClientBuilder::redis(url), ClientBuilder::redis_cluster(seeds) or ClientBuilder::memory()".into(),
+                    "no store chosen: call ClientBuilder::redis(url), ClientBuilder::redis_cluster(seeds), ClientBuilder::redis_sentinel(sentinels, service), ClientBuilder::redlock(servers) or ClientBuilder::memory()".into(),
                 ))
             }
             StoreChoice::Redis(RedisUrl(url)) => {
@@ -327,6 +355,10 @@ impl ClientBuilder {
             StoreChoice::RedisSentinel(sentinels, service) => {
                 let sentinels: Vec<String> = sentinels.into_iter().map(|RedisUrl(url)| url).collect();
                 Backend::Redis(RedisBackend::connect_sentinel(&sentinels, &service, settings).await?)
+            }
+            StoreChoice::Redlock(servers) => {
+                let servers: Vec<String> = servers.into_iter().map(|RedisUrl(url)| url).collect();
+                Backend::Redlock(RedlockBackend::connect(&servers, settings).await?)
             }
             StoreChoice::Memory => Backend::Memory(MemoryBackend::default()),
         };

@@ -136,7 +136,7 @@ impl LockError {
 ///
 /// Its message holds the server's own error text; it has no further [`source`](std::error::Error::source), so
 /// a printer of the whole chain (anyhow's `{:#}`) shows each cause once.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct BackendError {
     key: Option<String>,
     server: String,
@@ -156,6 +156,12 @@ impl BackendError {
     /// As [`new`](Self::new), with the hint given (when the caller knows more than the error says).
     pub(crate) fn with_hint(server: &str, hint: String, source: redis::RedisError) -> Self {
         Self { key: None, server: server.to_owned(), hint, source }
+    }
+
+    /// Adds `note` to the hint (what a caller knows about the failure that the server's error does not say).
+    pub(crate) fn with_note(mut self, note: &str) -> Self {
+        self.hint = format!("{note}; {}", self.hint);
+        self
     }
 
     /// The lock key the failed call was about, if any (a connection check is about none).

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::Store;
+use crate::backend::{Fencing, Store};
 use crate::grant::{Grant, Lease};
 use crate::hooks::{reverted, Fix};
 use crate::{LockError, LockToken};
@@ -95,8 +95,35 @@ impl LockGuard {
     /// server's clock does not step back; below 2^53. Pass it with every write the lock protects, and have the storage reject
     /// writes carrying a token lower than the highest it has seen: that is what keeps a paused, stale holder
     /// from overwriting the new holder's work.
+    ///
+    /// On [Redlock](crate::ClientBuilder::redlock), which has no sound fencing token, it is always 0: below
+    /// every real token, so a storage that has seen one rejects it. Use
+    /// [`try_fencing_token`](LockGuard::try_fencing_token) where a missing token must be an error.
     pub fn fencing_token(&self) -> u64 {
         self.grant.fence
+    }
+
+    /// The [fencing token](LockGuard::fencing_token), or [`LockError::InvalidConfig`] when the client's store
+    /// has none to give (Redlock: the maximum of independent servers' counters is not monotonic, so a token
+    /// from it could let a stale holder's writes through).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// let client = distlock::Client::builder().memory().build().await?;
+    /// let guard = client.lock("ledger").acquire().await?;
+    /// assert_eq!(guard.try_fencing_token()?, guard.fencing_token());
+    /// # Ok(()) }
+    /// ```
+    pub fn try_fencing_token(&self) -> Result<u64, LockError> {
+        match self.grant.client.inner.backend.capabilities().fencing {
+            Fencing::Monotonic => Ok(self.grant.fence),
+            Fencing::None => Err(LockError::InvalidConfig(format!(
+                "lock `{}`: this client's store (Redlock) gives no fencing tokens; the maximum of independent \
+                 servers' counters is not monotonic. Use a single server, a cluster or Sentinel where writes \
+                 must be fenced",
+                self.grant.keys.name
+            ))),
+        }
     }
 
     /// Whether the lock is known lost: a renewal found it gone or taken, or the lease ran out locally without a

@@ -30,6 +30,8 @@ pub enum Backend {
     /// `ClientBuilder::redis_sentinel(..)` on the test binary's shared Sentinel group, with a key prefix of
     /// its own.
     Sentinel,
+    /// `ClientBuilder::redlock(..)` on three private `redis-server` processes.
+    Redlock,
 }
 
 /// A backend with a connected client.
@@ -40,6 +42,8 @@ pub struct Fixture {
     redis: Option<(RedisServer, MultiplexedConnection)>,
     cluster: Option<(&'static RedisCluster, RawConnection, String)>,
     sentinel: Option<(&'static SentinelGroup, RawConnection, String)>,
+    /// Redlock's servers, with a connection to each.
+    redlock: Vec<(RedisServer, MultiplexedConnection)>,
 }
 
 /// A raw connection for assertions: to the private server, or to the shared cluster (routed by key).
@@ -98,13 +102,20 @@ impl Fixture {
             .await
             .unwrap_or_else(|e| panic!("client for {}: {e}", server.url()));
         let conn = server.connection().await;
-        Fixture { backend: Backend::Redis, client, redis: Some((server, conn)), cluster: None, sentinel: None }
+        Fixture {
+            backend: Backend::Redis,
+            client,
+            redis: Some((server, conn)),
+            cluster: None,
+            sentinel: None,
+            redlock: Vec::new(),
+        }
     }
 
     /// A fresh in-process backend and a client on it.
     pub async fn memory() -> Self {
         let client = Client::builder().memory().build().await.expect("memory client");
-        Fixture { backend: Backend::Memory, client, redis: None, cluster: None, sentinel: None }
+        Fixture { backend: Backend::Memory, client, redis: None, cluster: None, sentinel: None, redlock: Vec::new() }
     }
 
     /// A client on the test binary's shared Sentinel group ([`SentinelGroup::shared`]), with a key prefix no
@@ -122,6 +133,7 @@ impl Fixture {
             redis: None,
             cluster: None,
             sentinel: Some((group, conn, prefix)),
+            redlock: Vec::new(),
         }
     }
 
@@ -142,7 +154,45 @@ impl Fixture {
             redis: None,
             cluster: Some((cluster, RawConnection::Cluster(conn), prefix)),
             sentinel: None,
+            redlock: Vec::new(),
         }
+    }
+
+    /// Three fresh `redis-server`s and a Redlock client on them.
+    pub async fn redlock() -> Self {
+        Self::redlock_of(3).await
+    }
+
+    /// `n` fresh `redis-server`s and a Redlock client on them.
+    pub async fn redlock_of(n: usize) -> Self {
+        let servers: Vec<RedisServer> = (0..n).map(|_| RedisServer::new()).collect();
+        let client = redlock_client(&servers).await;
+        let mut redlock = Vec::with_capacity(n);
+        for server in servers {
+            let conn = server.connection().await;
+            redlock.push((server, conn));
+        }
+        Fixture { backend: Backend::Redlock, client, redis: None, cluster: None, sentinel: None, redlock }
+    }
+
+    /// Redlock's servers, on the Redlock backend (empty on the others).
+    pub fn redlock_servers(&self) -> impl Iterator<Item = &RedisServer> {
+        self.redlock.iter().map(|(s, _)| s)
+    }
+
+    /// Redlock's server `i`, mutably (to kill or restart it).
+    pub fn redlock_server_mut(&mut self, i: usize) -> &mut RedisServer {
+        &mut self.redlock[i].0
+    }
+
+    /// A connection to each of Redlock's servers.
+    pub fn redlock_connections(&self) -> Vec<MultiplexedConnection> {
+        self.redlock.iter().map(|(_, c)| c.clone()).collect()
+    }
+
+    /// Whether grants carry fencing tokens (every backend but Redlock, which refuses them).
+    pub fn gives_fencing_tokens(&self) -> bool {
+        self.backend != Backend::Redlock
     }
 
     /// Which backend this is.
@@ -167,6 +217,10 @@ impl Fixture {
             None => match (&self.cluster, &self.sentinel) {
                 (Some((cluster, _, prefix)), _) => cluster_client(cluster, prefix).await,
                 (_, Some((group, _, prefix))) => sentinel_client(group, prefix).await,
+                _ if !self.redlock.is_empty() => {
+                    let servers: Vec<&RedisServer> = self.redlock_servers().collect();
+                    redlock_client(servers).await
+                }
                 _ => self.client.clone(),
             },
         }
@@ -197,7 +251,8 @@ impl Fixture {
         match (&self.redis, &self.cluster, &self.sentinel) {
             (Some((_, c)), _, _) => Some(RawConnection::Server(c.clone())),
             (_, Some((_, c, _)), _) | (_, _, Some((_, c, _))) => Some(c.clone()),
-            _ => None,
+            // Redlock: the first server, for counters kept outside the lock library.
+            _ => self.redlock.first().map(|(_, c)| RawConnection::Server(c.clone())),
         }
     }
 
@@ -214,6 +269,16 @@ impl Fixture {
     /// operator had deleted it. Redis: `DEL` of `client.record_key(key)` on a raw connection (no release
     /// announcement). Memory: the client's forced unlock.
     pub async fn vanish_record(&self, key: &str) {
+        if !self.redlock.is_empty() {
+            let record = self.client.record_key(key);
+            let mut deleted = 0;
+            for mut conn in self.redlock_connections() {
+                let n: i64 = conn.del(&record).await.expect("DEL record");
+                deleted += n;
+            }
+            assert!(deleted > 0, "record {record} of lock {key:?} was on no Redlock server");
+            return;
+        }
         match self.raw_connection() {
             Some(mut conn) => {
                 let record = self.client.record_key(key);
@@ -302,6 +367,11 @@ async fn sentinel_client(group: &SentinelGroup, prefix: &str) -> Client {
         .build()
         .await
         .unwrap_or_else(|e| panic!("client through the sentinels: {e}"))
+}
+
+async fn redlock_client<'a>(servers: impl IntoIterator<Item = &'a RedisServer>) -> Client {
+    let urls: Vec<String> = servers.into_iter().map(RedisServer::url).collect();
+    Client::builder().redlock(urls.clone()).build().await.unwrap_or_else(|e| panic!("redlock client for {urls:?}: {e}"))
 }
 
 async fn cluster_client(cluster: &RedisCluster, prefix: &str) -> Client {

@@ -67,6 +67,18 @@ macro_rules! all_backends {
     };
 }
 
+/// As [`all_backends!`], and `with_redlock::NAME` on three private servers under Redlock for the scenarios
+/// before `; not_on_redlock:`. Redlock has neither a fair queue nor release wake-ups (queue.rs stays on
+/// [`all_backends!`]) nor fencing tokens: scenarios on it check tokens only where
+/// [`Fixture::gives_fencing_tokens`].
+#[macro_export]
+macro_rules! all_backends_and_redlock {
+    ($($name:ident),* $(,)? $(; not_on_redlock: $($other:ident),* $(,)?)?) => {
+        $crate::all_backends!($($name,)* $($($other),*)?);
+        $crate::backend_tests!(with_redlock, redlock, $($name),*);
+    };
+}
+
 /// One module of tests, each running its scenario on `Fixture::$fixture()`.
 #[doc(hidden)]
 #[macro_export]

@@ -1,8 +1,10 @@
-//! Where locks live: one Redis server, or this process's memory, each behind the [`Store`] trait, with the
+//! Where locks live: one Redis server (or cluster, or sentinel-watched primary), a Redlock quorum of
+//! independent servers, or this process's memory, each behind the [`Store`] trait, with the
 //! types the engine and the stores share.
 
 mod memory;
 mod redis;
+mod redlock;
 mod store;
 
 use std::sync::Arc;
@@ -10,6 +12,7 @@ use std::time::Duration;
 
 pub(crate) use self::memory::MemoryBackend;
 pub(crate) use self::redis::{ConnectSettings, RedisBackend, ReplicaAcks, Timeouts};
+pub(crate) use self::redlock::RedlockBackend;
 pub(crate) use self::store::{Capabilities, Fencing, Store, WakeUps};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
@@ -147,6 +150,7 @@ impl Announcement {
 #[derive(Debug)]
 pub(crate) enum Backend {
     Redis(RedisBackend),
+    Redlock(RedlockBackend),
     Memory(MemoryBackend),
     /// The memory store's semantics behind a seeded fault layer, in simulated time (tests only).
     #[cfg(feature = "simulation")]
@@ -196,6 +200,7 @@ macro_rules! dispatch {
     ($self:ident, $b:ident => $call:expr) => {
         match $self {
             Backend::Redis($b) => $call,
+            Backend::Redlock($b) => $call,
             Backend::Memory($b) => $call,
             #[cfg(feature = "simulation")]
             Backend::Simulated($b) => $call,

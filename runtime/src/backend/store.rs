@@ -29,7 +29,6 @@ pub(crate) enum WakeUps {
     /// A hand-over is announced to its heir ([`ReleaseWatch`]); a possibly missed one says `Retry`.
     Exact,
     /// Nothing is announced: waiters retry on their retry strategy's schedule.
-    #[cfg_attr(not(test), expect(dead_code, reason = "no store without announcements yet (Redlock's, issue 12)"))]
     None,
 }
 
@@ -38,6 +37,8 @@ pub(crate) enum WakeUps {
 pub(crate) enum Fencing {
     /// Strictly rising per key, also across the store's loss of state (its clock keeps them rising).
     Monotonic,
+    /// No sound token: grants carry 0 (Redlock, where the maximum of per-server counters is not monotonic).
+    None,
 }
 
 /// A lock store. Every call is about one lock (`keys`), acts only with the grant's own token, and is atomic

@@ -105,6 +105,11 @@ fn manager_config(timeouts: Timeouts) -> ConnectionManagerConfig {
 }
 
 impl RedisBackend {
+    /// The server's URL with any password redacted, for messages.
+    pub(crate) fn server(&self) -> &str {
+        &self.server
+    }
+
     /// Connects and checks the server answers PING; the error names the URL with the password redacted.
     pub(crate) async fn connect(url: &str, settings: ConnectSettings<'_>) -> Result<Self, LockError> {
         let timeouts = settings.timeouts;
@@ -666,7 +671,7 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn timeout_error(what: &'static str) -> redis::RedisError {
+pub(crate) fn timeout_error(what: &'static str) -> redis::RedisError {
     redis::RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, what))
 }
 

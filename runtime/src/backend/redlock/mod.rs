@@ -1,0 +1,423 @@
+//! Redlock: one lock over N independent Redis servers, held while a quorum (N/2+1) of them holds it.
+//!
+//! Each server is a standalone [`RedisBackend`] (its own connection, coalescing and scripts); this store only
+//! fans each operation out to all of them and counts the votes. No lock logic lives here: every per-server
+//! step is the driver's own [`Store`] method.
+//!
+//! A round resolves as soon as its outcome is certain (a quorum for, or too many against to reach one), or
+//! when the per-server timeout runs out, whichever comes first; the calls still in flight finish in the
+//! background, so a hung server costs a round nothing while a quorum answers without it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use self::round::{clone_error, count, Unfinished};
+use super::{Attempt, Capabilities, ConnectSettings, Fencing, Hold, LockKeys, Queueing, RedisBackend, ReleaseWatch};
+use super::{Renewal, Store, WakeUps};
+use crate::error::{redact_url, BackendError};
+
+mod round;
+use crate::grant::drift;
+use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
+
+/// The least time a server gets to answer a lock operation, however short the ttl.
+const MIN_PER_SERVER: Duration = Duration::from_millis(10);
+
+/// The fencing token Redlock reports: none is sound across independent servers (see [`Fencing::None`]).
+const NO_FENCE: u64 = 0;
+
+pub(crate) struct RedlockBackend {
+    servers: Vec<Arc<RedisBackend>>,
+    /// Acquire calls not yet over on their server (see [`Unfinished`]).
+    unfinished: Unfinished,
+    /// The servers' URLs, passwords redacted, for messages.
+    names: String,
+    response: Duration,
+}
+
+impl std::fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedlockBackend").field("servers", &self.names).finish_non_exhaustive()
+    }
+}
+
+/// What a round's caller decided, told to the calls still in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Pending,
+    /// The acquire succeeded: grants that come in late stay (they only add to the quorum).
+    Keep,
+    /// The acquire failed (or was cancelled): every server that may hold a grant for the token gives it back.
+    GiveBack,
+}
+
+/// One server's renewals of a batch: each lock's outcome, or the batch's error.
+type BatchReply = Result<Vec<Result<bool, LockError>>, LockError>;
+
+impl RedlockBackend {
+    /// Connects to every server in `urls` (each checked as [`RedisBackend::connect`] checks one). Refuses a
+    /// count that is not odd and at least 3, a URL given twice (it would vote twice), and
+    /// `wait_for_replicas` (the servers are independent primaries).
+    pub(crate) async fn connect(urls: &[String], settings: ConnectSettings<'_>) -> Result<Self, LockError> {
+        let names = urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>().join(", ");
+        if urls.len() < 3 || urls.len().is_multiple_of(2) {
+            return Err(LockError::InvalidConfig(format!(
+                "redlock needs an odd number of at least 3 independent Redis servers, got {} ({names}): a lock is \
+                 held while a majority holds it, and an even count tolerates no more failures than one server fewer",
+                urls.len()
+            )));
+        }
+        for (i, url) in urls.iter().enumerate() {
+            if urls[..i].iter().any(|u| u.trim() == url.trim()) {
+                return Err(LockError::InvalidConfig(format!(
+                    "redlock was given {} twice: each server must appear once, or it would vote twice",
+                    redact_url(url)
+                )));
+            }
+        }
+        if settings.replicas.is_some() {
+            return Err(LockError::InvalidConfig(format!(
+                "redlock ({names}): wait_for_replicas does not apply; Redlock's servers are independent primaries \
+                 and its quorum replaces replication. Remove wait_for_replicas"
+            )));
+        }
+        let connected =
+            futures_util::future::join_all(urls.iter().map(|url| RedisBackend::connect(url, settings))).await;
+        let servers = connected.into_iter().map(|c| c.map(Arc::new)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { servers, unfinished: Unfinished::default(), names, response: settings.timeouts.response })
+    }
+
+    fn quorum(&self) -> usize {
+        self.servers.len() / 2 + 1
+    }
+
+    /// How long a round waits for a server: a twentieth of the lease (as redsync), so that a hung server
+    /// cannot eat much of it, at least [`MIN_PER_SERVER`], at most the response timeout.
+    fn per_server(&self, ttl: Option<Duration>) -> Duration {
+        ttl.map_or(self.response, |ttl| (ttl / 20).max(MIN_PER_SERVER).min(self.response))
+    }
+}
+
+/// The lease to report for a grant whose round started at `start` and whose granting servers answered with
+/// `leases` (each the PTTL that server had left when it answered, so it counts from after `start`), or `None`
+/// when the quorum came too late to use.
+///
+/// The engine dates a grant as `send + lease − drift(lease)` with its send taken just before this store's
+/// round (grant.rs, `Lease::granted`). Reporting the smallest lease of the quorum makes that instant no later
+/// than the first expiry among the servers that make up the quorum, minus the drift allowance: until then a
+/// majority holds the lock for this token. It is also no later than Redlock's own validity, `start + ttl −
+/// drift(ttl)`, as every lease is at most the ttl. A quorum whose validity already ran out when it was
+/// reached is a failure, as in Redlock.
+fn quorum_lease(start: Instant, now: Instant, leases: &[Duration]) -> Option<Duration> {
+    let lease = leases.iter().copied().min()?;
+    (start + lease.saturating_sub(drift(lease)) > now).then_some(lease)
+}
+
+/// The duration for which at least `quorum` of `remaining` (one per server still holding) hold: the
+/// quorum-th longest.
+fn quorum_remaining(mut remaining: Vec<Duration>, quorum: usize) -> Option<Duration> {
+    remaining.sort_unstable_by(|a, b| b.cmp(a));
+    remaining.get(quorum - 1).copied()
+}
+
+impl Store for RedlockBackend {
+    /// No fair queue: per-server queues would pick different heirs, and an order across independent servers
+    /// needs consensus. No announcements: waiters poll on their retry strategy. No fencing token: the maximum
+    /// of per-server counters is not monotonic (a grant that reached only one server raises that server's
+    /// counter alone, and a later quorum may not include it).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { fair_queue: false, wake_ups: WakeUps::None, fencing: Fencing::None, replica_acks: false }
+    }
+
+    /// One Redlock round: the acquire on every server at once (never queued), resolved at a quorum of grants,
+    /// or once a quorum can no longer grant, or at the per-server timeout. A round that fails gives back every
+    /// grant it may have made, also those that arrive later; so does a round whose caller went away.
+    async fn acquire(
+        &self,
+        keys: &LockKeys,
+        token: &LockToken,
+        ttl: Duration,
+        metadata: &str,
+        _queueing: Option<Queueing>,
+    ) -> Result<Attempt, LockError> {
+        let start = Instant::now();
+        let (verdict, told) = watch::channel(Verdict::Pending);
+        let metadata: Arc<str> = metadata.into();
+        let mut rx = self.fan_out(|server, tx, i| {
+            let (keys, token, metadata, mut told) = (keys.clone(), token.clone(), metadata.clone(), told.clone());
+            let under_way = self.unfinished.begin(i, &token);
+            async move {
+                let Some(_under_way) = under_way else {
+                    let source = redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "the previous attempt's call for this lock is not over on this server",
+                    ));
+                    let hint = "it sits this round out, so that giving back that attempt's grant cannot delete \
+                                this round's; nothing to do unless it persists, then check the server's health"
+                        .to_owned();
+                    let _ = tx.send((i, Err(BackendError::with_hint(server.server(), hint, source).into())));
+                    return;
+                };
+                let reply = server.acquire(&keys, &token, ttl, &metadata, None).await;
+                // Busy: another token holds it there, so this one holds nothing to give back.
+                let maybe_ours = !matches!(reply, Ok(Attempt::Busy { .. }));
+                let _ = tx.send((i, reply));
+                if !maybe_ours {
+                    return;
+                }
+                // No verdict (the round's caller was dropped) counts as failed.
+                let give_back = told.wait_for(|v| *v != Verdict::Pending).await.map_or(true, |v| *v == Verdict::GiveBack);
+                if give_back {
+                    if let Err(e) = server.release(&keys, &token, None).await {
+                        tracing::debug!(key = %keys.name, error = %e, "distlock: redlock could not give back a grant of a failed round; it expires by itself");
+                    }
+                }
+            }
+        });
+        let (n, quorum) = (self.servers.len(), self.quorum());
+        let replies = self
+            .collect(&mut rx, self.per_server(Some(ttl)), &keys.name, |r| {
+                let granted = count(r, |a| matches!(a, Attempt::Granted(_)));
+                let against = r.iter().flatten().count() - granted;
+                granted >= quorum || against > n - quorum
+            })
+            .await;
+        let leases: Vec<Duration> = replies
+            .iter()
+            .filter_map(|r| match r {
+                Ok(Attempt::Granted(hold)) => Some(hold.lease),
+                _ => None,
+            })
+            .collect();
+        if leases.len() >= quorum {
+            if let Some(lease) = quorum_lease(start, Instant::now(), &leases) {
+                let _ = verdict.send(Verdict::Keep);
+                return Ok(Attempt::Granted(Hold { fence: NO_FENCE, lease }));
+            }
+            tracing::debug!(key = %keys.name, "distlock: redlock reached a quorum after the lease's validity ran out; giving it back");
+        }
+        let _ = verdict.send(Verdict::GiveBack);
+        // Held elsewhere: a lost race, tried again on the retry strategy; if no server said so, the servers
+        // failed and the error says which.
+        let remaining = replies
+            .iter()
+            .filter_map(|r| match r {
+                Ok(Attempt::Busy { remaining, .. }) => Some(*remaining),
+                _ => None,
+            })
+            .collect::<Vec<_>>();
+        if leases.len() >= quorum || !remaining.is_empty() {
+            return Ok(Attempt::Busy { fence: NO_FENCE, remaining: remaining.into_iter().flatten().min() });
+        }
+        Err(self.no_quorum("granted", leases.len(), replies))
+    }
+
+    /// Redlock never queues (no fair queue), so there is never a place to leave.
+    async fn withdraw(&self, _keys: &LockKeys, _token: &LockToken) -> Result<Option<Hold>, LockError> {
+        Ok(None)
+    }
+
+    /// Renewed when a quorum renewed; lost when so many servers no longer hold it that no quorum can. The
+    /// RENEW script only extends a record this token still has: a server that lost it is not given it back.
+    async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
+        let mut rx = self.ask_all(|server| {
+            let (keys, token) = (keys.clone(), token.clone());
+            async move { server.renew(&keys, &token, ttl).await }
+        });
+        let (n, quorum) = (self.servers.len(), self.quorum());
+        let decided = |r: &[Option<Result<bool, LockError>>]| {
+            count(r, |renewed| *renewed) >= quorum || count(r, |renewed| !*renewed) > n - quorum
+        };
+        let replies = self.collect(&mut rx, self.per_server(Some(ttl)), &keys.name, decided).await;
+        let renewed = replies.iter().filter(|r| matches!(r, Ok(true))).count();
+        if renewed >= quorum {
+            return Ok(true);
+        }
+        if replies.iter().filter(|r| matches!(r, Ok(false))).count() > n - quorum {
+            return Ok(false);
+        }
+        Err(self.no_quorum("renewed", renewed, replies))
+    }
+
+    /// Each server renews the whole batch in its own round trip; each lock is then counted as
+    /// [`renew`](Self::renew) counts it.
+    async fn renew_many(&self, items: &[Renewal<'_>]) -> Result<Vec<Result<bool, LockError>>, LockError> {
+        let owned: Arc<[(LockKeys, LockToken, Duration)]> =
+            items.iter().map(|r| (r.keys.clone(), r.token.clone(), r.ttl)).collect();
+        let mut rx = self.ask_all(|server| {
+            let owned = Arc::clone(&owned);
+            async move {
+                let items: Vec<Renewal<'_>> =
+                    owned.iter().map(|(keys, token, ttl)| Renewal { keys, token, ttl: *ttl }).collect();
+                server.renew_many(&items).await
+            }
+        });
+        let (n, quorum) = (self.servers.len(), self.quorum());
+        let shortest = items.iter().map(|r| r.ttl).min();
+        let per_lock = |r: &[Option<BatchReply>], i: usize, want: bool| {
+            r.iter().filter(|s| matches!(s, Some(Ok(v)) if matches!(v.get(i), Some(Ok(b)) if *b == want))).count()
+        };
+        let decided = |r: &[Option<BatchReply>]| {
+            (0..items.len()).all(|i| per_lock(r, i, true) >= quorum || per_lock(r, i, false) > n - quorum)
+        };
+        let key = items.first().map_or("", |r| r.keys.name.as_str());
+        let replies = self.collect(&mut rx, self.per_server(shortest), key, decided).await;
+        let wrapped: Vec<Option<BatchReply>> = replies.into_iter().map(Some).collect();
+        Ok((0..items.len())
+            .map(|i| {
+                let renewed = per_lock(&wrapped, i, true);
+                if renewed >= quorum {
+                    return Ok(true);
+                }
+                if per_lock(&wrapped, i, false) > n - quorum {
+                    return Ok(false);
+                }
+                // This lock's own reply from each server: its outcome, or the server's error for the batch.
+                let mine = wrapped
+                    .iter()
+                    .flatten()
+                    .map(|s| match s {
+                        Ok(v) => v.get(i).map_or(Ok(false), |r| r.as_ref().map(|b| *b).map_err(clone_error)),
+                        Err(e) => Err(clone_error(e)),
+                    })
+                    .collect();
+                Err(self.no_quorum("renewed", renewed, mine))
+            })
+            .collect())
+    }
+
+    /// Released on every server; `Released` when a quorum released (the lock is then free), as soon as it
+    /// did. The releases still in flight finish in the background.
+    async fn release(
+        &self,
+        keys: &LockKeys,
+        token: &LockToken,
+        keep: Option<Duration>,
+    ) -> Result<ReleaseOutcome, LockError> {
+        let mut rx = self.ask_all(|server| {
+            let (keys, token) = (keys.clone(), token.clone());
+            async move { server.release(&keys, &token, keep).await }
+        });
+        let quorum = self.quorum();
+        let decided =
+            |r: &[Option<Result<ReleaseOutcome, LockError>>]| count(r, |o| *o == ReleaseOutcome::Released) >= quorum;
+        let replies = self.collect(&mut rx, self.per_server(None), &keys.name, decided).await;
+        let released = replies.iter().filter(|r| matches!(r, Ok(ReleaseOutcome::Released))).count();
+        if released >= quorum {
+            return Ok(ReleaseOutcome::Released);
+        }
+        if replies.iter().any(|r| matches!(r, Ok(ReleaseOutcome::TakenByOther))) {
+            return Ok(ReleaseOutcome::TakenByOther);
+        }
+        // Errors could hide a quorum that still held it.
+        if released + replies.iter().filter(|r| r.is_err()).count() >= quorum {
+            return Err(self.no_quorum("confirmed the release", released, replies));
+        }
+        Ok(ReleaseOutcome::Expired)
+    }
+
+    /// The lease a quorum still has for `token`: the quorum-th longest among the servers.
+    async fn remaining(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Duration>, LockError> {
+        let mut rx = self.ask_all(|server| {
+            let (keys, token) = (keys.clone(), token.clone());
+            async move { server.remaining(&keys, &token).await }
+        });
+        let (n, quorum) = (self.servers.len(), self.quorum());
+        let decided = |r: &[Option<Result<Option<Duration>, LockError>>]| {
+            count(r, Option::is_some) >= quorum || count(r, Option::is_none) > n - quorum
+        };
+        let replies = self.collect(&mut rx, self.per_server(None), &keys.name, decided).await;
+        let held: Vec<Duration> = replies.iter().filter_map(|r| r.as_ref().ok().copied().flatten()).collect();
+        if held.len() >= quorum {
+            return Ok(quorum_remaining(held, quorum));
+        }
+        if replies.iter().filter(|r| matches!(r, Ok(None))).count() > n - quorum {
+            return Ok(None);
+        }
+        Err(self.no_quorum("answered", held.len(), replies))
+    }
+
+    /// The quorum's view: a holder when a quorum of servers has a record (the one whose lease is the
+    /// quorum-th longest), free when too few have one. Its fencing token is 0: Redlock has none.
+    async fn info(&self, keys: &LockKeys) -> Result<Option<LockInfo>, LockError> {
+        let mut rx = self.ask_all(|server| {
+            let keys = keys.clone();
+            async move { server.info(&keys).await }
+        });
+        let (n, quorum) = (self.servers.len(), self.quorum());
+        let decided = |r: &[Option<Result<Option<LockInfo>, LockError>>]| {
+            count(r, Option::is_some) >= quorum || count(r, Option::is_none) > n - quorum
+        };
+        let replies = self.collect(&mut rx, self.per_server(None), &keys.name, decided).await;
+        let mut held: Vec<LockInfo> = replies.iter().filter_map(|r| r.as_ref().ok().cloned().flatten()).collect();
+        if held.len() >= quorum {
+            held.sort_unstable_by_key(|info| std::cmp::Reverse(info.remaining_ttl));
+            let mut info = held.swap_remove(quorum - 1);
+            info.fencing_token = NO_FENCE;
+            return Ok(Some(info));
+        }
+        if replies.iter().filter(|r| matches!(r, Ok(None))).count() > n - quorum {
+            return Ok(None);
+        }
+        Err(self.no_quorum("answered", held.len(), replies))
+    }
+
+    /// Deleted on every server (those still in flight when a quorum has answered finish in the background);
+    /// true if any that answered had a record. An error unless a quorum answered.
+    async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
+        let mut rx = self.ask_all(|server| {
+            let keys = keys.clone();
+            async move { server.force_unlock(&keys).await }
+        });
+        let quorum = self.quorum();
+        let decided = |r: &[Option<Result<bool, LockError>>]| count(r, |_| true) >= quorum;
+        let replies = self.collect(&mut rx, self.per_server(None), &keys.name, decided).await;
+        let answered = replies.iter().filter(|r| r.is_ok()).count();
+        if answered < self.quorum() {
+            return Err(self.no_quorum("answered", answered, replies));
+        }
+        Ok(replies.iter().any(|r| matches!(r, Ok(true))))
+    }
+
+    /// Never called: the engine listens only on stores whose wake-ups are exact, and Redlock has none.
+    async fn watch_releases(&self, keys: &LockKeys, _token: &LockToken) -> Result<ReleaseWatch, LockError> {
+        Err(LockError::InvalidConfig(format!(
+            "redlock announces no releases (lock `{}`): waiters poll on their retry strategy",
+            keys.name
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::{quorum_lease, quorum_remaining};
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn the_quorum_lease_is_its_shortest_and_a_late_quorum_has_none() {
+        let start = Instant::now();
+        // The shortest lease of the quorum, while its validity (lease − 1% − 2 ms from the start) lasts.
+        assert_eq!(quorum_lease(start, start + ms(5), &[ms(1000), ms(990)]), Some(ms(990)));
+        // 1000 ms − 12 ms of drift = 988 ms: a quorum reached later than that is a failure.
+        assert_eq!(quorum_lease(start, start + ms(987), &[ms(1000)]), Some(ms(1000)));
+        assert_eq!(quorum_lease(start, start + ms(988), &[ms(1000)]), None);
+        assert_eq!(quorum_lease(start, start + ms(500), &[ms(1000), ms(400)]), None);
+        assert_eq!(quorum_lease(start, start, &[]), None);
+    }
+
+    #[test]
+    fn a_quorum_holds_as_long_as_its_quorum_th_longest_lease() {
+        assert_eq!(quorum_remaining(vec![ms(10), ms(30), ms(20)], 2), Some(ms(20)));
+        assert_eq!(quorum_remaining(vec![ms(10)], 2), None);
+    }
+}

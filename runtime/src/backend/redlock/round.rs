@@ -1,0 +1,142 @@
+//! The machinery of a Redlock round: the call on every server at once, the replies collected until the
+//! outcome is certain, and the bookkeeping that keeps a give-back away from a later round's grants.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::RedlockBackend;
+use crate::backend::redis::timeout_error;
+use crate::backend::RedisBackend;
+use crate::error::BackendError;
+use crate::{LockError, LockToken};
+
+/// One server's answer in a round: its index and what it replied.
+pub(super) type Reply<T> = (usize, Result<T, LockError>);
+
+/// The (server, token) pairs whose acquire call on that server is not over: its reply has not come, or the
+/// grant it made is still being given back.
+///
+/// The engine retries a failed acquire with the same token, and a give-back is a release by that token: sent
+/// to a server after the next round's acquire there, it would delete the grant that round counted in its
+/// quorum. So a server whose previous call for the token is not over sits the next round out (a failed vote);
+/// the give-back, when it comes, then touches no grant a quorum relies on. No `Debug`: it holds tokens.
+#[derive(Clone, Default)]
+pub(super) struct Unfinished(Arc<Mutex<HashSet<(usize, String)>>>);
+
+impl Unfinished {
+    /// Marks server `i`'s call for `token` under way, unless one already is.
+    pub(super) fn begin(&self, i: usize, token: &LockToken) -> Option<UnderWay> {
+        let entry = (i, token.as_str().to_owned());
+        let fresh = self.0.lock().unwrap_or_else(PoisonError::into_inner).insert(entry.clone());
+        fresh.then(|| UnderWay { set: self.clone(), entry })
+    }
+}
+
+/// A call marked under way in [`Unfinished`]; over when dropped.
+pub(super) struct UnderWay {
+    set: Unfinished,
+    entry: (usize, String),
+}
+
+impl Drop for UnderWay {
+    fn drop(&mut self) {
+        self.set.0.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.entry);
+    }
+}
+
+impl RedlockBackend {
+    /// Starts `call` on every server at once, each in a task of its own (so it finishes even after the round
+    /// resolved); replies arrive on the returned channel as they come.
+    pub(super) fn fan_out<T, F, Fut>(&self, call: F) -> mpsc::UnboundedReceiver<Reply<T>>
+    where
+        T: Send + 'static,
+        F: Fn(Arc<RedisBackend>, mpsc::UnboundedSender<Reply<T>>, usize) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::unbounded_channel();
+        for (i, server) in self.servers.iter().enumerate() {
+            tokio::spawn(call(Arc::clone(server), tx.clone(), i));
+        }
+        rx
+    }
+
+    /// As [`fan_out`](Self::fan_out) for a call with nothing to do after the round.
+    pub(super) fn ask_all<T, F, Fut>(&self, call: F) -> mpsc::UnboundedReceiver<Reply<T>>
+    where
+        T: Send + 'static,
+        F: Fn(Arc<RedisBackend>) -> Fut,
+        Fut: Future<Output = Result<T, LockError>> + Send + 'static,
+    {
+        self.fan_out(|server, tx, i| {
+            let call = call(server);
+            async move {
+                let _ = tx.send((i, call.await));
+            }
+        })
+    }
+
+    /// Collects replies until `settled` says the outcome is certain, every server answered, or `limit` passed;
+    /// a server silent by then counts as timed out.
+    pub(super) async fn collect<T>(
+        &self,
+        rx: &mut mpsc::UnboundedReceiver<Reply<T>>,
+        limit: Duration,
+        key: &str,
+        settled: impl Fn(&[Option<Result<T, LockError>>]) -> bool,
+    ) -> Vec<Result<T, LockError>> {
+        let deadline = Instant::now() + limit;
+        let mut replies: Vec<Option<Result<T, LockError>>> = self.servers.iter().map(|_| None).collect();
+        for _ in 0..self.servers.len() {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some((i, reply))) => replies[i] = Some(reply),
+                Ok(None) | Err(_) => break,
+            }
+            if settled(&replies) {
+                break;
+            }
+        }
+        replies
+            .into_iter()
+            .zip(&self.servers)
+            .map(|(reply, server)| {
+                reply.unwrap_or_else(|| {
+                    let silent = timeout_error("no answer within redlock's per-server timeout");
+                    Err(BackendError::new(server.server(), Some(key), silent).into())
+                })
+            })
+            .collect()
+    }
+
+    /// The error of a round that reached no quorum: the first server error, with the count.
+    pub(super) fn no_quorum<T>(&self, what: &str, yes: usize, replies: Vec<Result<T, LockError>>) -> LockError {
+        let note = format!(
+            "redlock: only {yes} of {} servers ({}) {what}, {} needed; the first failure is shown",
+            self.servers.len(),
+            self.names,
+            self.quorum()
+        );
+        match replies.into_iter().find_map(Result::err) {
+            Some(LockError::Backend(e)) => LockError::Backend(e.with_note(&note)),
+            Some(other) => other,
+            None => LockError::InvalidConfig(note),
+        }
+    }
+}
+
+/// How many servers replied with a value for which `yes` holds.
+pub(super) fn count<T>(replies: &[Option<Result<T, LockError>>], yes: impl Fn(&T) -> bool) -> usize {
+    replies.iter().filter(|r| matches!(r, Some(Ok(t)) if yes(t))).count()
+}
+
+/// A copy of a per-server error for one lock of a batch (the batch's error is shared by all of its locks).
+pub(super) fn clone_error(e: &LockError) -> LockError {
+    match e {
+        LockError::Backend(b) => LockError::Backend(b.clone()),
+        other => LockError::InvalidConfig(other.to_string()),
+    }
+}

@@ -1,0 +1,280 @@
+//! Redlock on real servers: a quorum survives a dead or hung minority, a dead majority fails fast and leaves
+//! nothing held, grants that arrive after a failed round are given back, and no fencing token is claimed.
+
+use std::time::Duration;
+
+use distlock::{Client, LockError, ReleaseOutcome};
+use distlock_tests::sys::Stopped;
+use distlock_tests::time::{ms, secs};
+use distlock_tests::{busy_for_outsiders, eventually, within, Fixture, RedisServer};
+use redis::AsyncCommands;
+use tokio::time::Instant;
+
+/// How many of `fixture`'s Redlock servers have `key` (a record or a derived key) right now.
+async fn servers_with(fixture: &Fixture, key: &str) -> usize {
+    let mut n = 0;
+    for mut conn in fixture.redlock_connections() {
+        let exists: bool = conn.exists(key).await.expect("EXISTS");
+        n += usize::from(exists);
+    }
+    n
+}
+
+/// Waits until the server behind `conn` no longer has `record`, and checks it had granted it (the lock's
+/// fencing counter is there): a grant that was given back, not one never made.
+async fn given_back(conn: &redis::aio::MultiplexedConnection, record: &str, what: &str) {
+    eventually(secs(8), what, || {
+        let (mut conn, record) = (conn.clone(), record.to_owned());
+        async move { !conn.exists::<_, bool>(&record).await.expect("EXISTS") }
+    })
+    .await;
+    let granted: bool = conn.clone().exists(format!("{record}:fence")).await.expect("EXISTS fence");
+    assert!(granted, "{what}: the server never granted, so nothing was given back");
+}
+
+/// A Redlock client on `fixture`'s servers with the given response timeout.
+async fn client_with_response_timeout(fixture: &Fixture, response: Duration) -> Client {
+    let urls: Vec<String> = fixture.redlock_servers().map(RedisServer::url).collect();
+    Client::builder().redlock(urls).response_timeout(response).build().await.expect("redlock client")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_that_are_not_odd_and_at_least_three_are_refused() {
+    let url = |port: u16| format!("redis://127.0.0.1:{port}/");
+    for urls in [vec![], vec![url(1)], vec![url(1), url(2)], vec![url(1), url(2), url(3), url(4)]] {
+        let n = urls.len();
+        match Client::builder().redlock(urls).build().await {
+            Err(LockError::InvalidConfig(message)) => {
+                assert!(message.contains("odd number of at least 3"), "{n} servers: {message}")
+            }
+            other => panic!("{n} servers accepted: {other:?}"),
+        }
+    }
+    match Client::builder().redlock([url(1), url(2), url(1)]).build().await {
+        Err(LockError::InvalidConfig(message)) => assert!(message.contains("twice"), "{message}"),
+        other => panic!("a server given twice accepted: {other:?}"),
+    }
+    let with_replicas = Client::builder().redlock([url(1), url(2), url(3)]).wait_for_replicas(1, ms(50));
+    match with_replicas.build().await {
+        Err(LockError::InvalidConfig(message)) => assert!(message.contains("wait_for_replicas"), "{message}"),
+        other => panic!("wait_for_replicas accepted: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_is_held_on_every_server_excludes_others_and_is_released_everywhere() {
+    let fixture = Fixture::redlock().await;
+    let record = fixture.client().record_key("job");
+    let guard = fixture.client().lock("job").ttl(secs(5)).acquire().await.expect("acquire");
+    eventually(secs(5), "the record on all three servers", || async { servers_with(&fixture, &record).await == 3 })
+        .await;
+    let other = fixture.other_client().await;
+    assert!(other.lock("job").try_acquire().await.expect("try_acquire").is_none(), "a second holder got in");
+    let info = other.lock_info("job").await.expect("lock_info").expect("held");
+    assert_eq!(info.fencing_token, 0, "Redlock reports no fencing token");
+    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+    eventually(secs(5), "the record gone from every server", || async { servers_with(&fixture, &record).await == 0 })
+        .await;
+    let second = other.lock("job").try_acquire().await.expect("try_acquire").expect("free after the release");
+    second.release().await.expect("release");
+}
+
+/// The maximum of per-server counters is not monotonic, so Redlock claims no fencing token: the fallible
+/// accessor says so, the infallible one gives the documented 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_are_refused_not_faked() {
+    let fixture = Fixture::redlock().await;
+    let guard = fixture.client().lock("ledger").acquire().await.expect("acquire");
+    assert_eq!(guard.fencing_token(), 0);
+    match guard.try_fencing_token() {
+        Err(LockError::InvalidConfig(message)) => assert!(message.contains("no fencing tokens"), "{message}"),
+        other => panic!("Redlock gave a fencing token: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_poll_and_get_the_lock_once_it_is_free() {
+    let fixture = Fixture::redlock().await;
+    let holder = fixture.client().lock("q").ttl(secs(5)).acquire().await.expect("acquire");
+    let other = fixture.other_client().await;
+    let waiter = tokio::spawn(async move { other.lock("q").wait(secs(10)).acquire().await });
+    tokio::time::sleep(ms(200)).await;
+    assert!(!waiter.is_finished(), "the waiter got a held lock");
+    holder.release().await.expect("release");
+    let guard = within(secs(10), "the waiter's acquire", waiter).await.expect("join").expect("waiter gets it");
+    assert!(!guard.is_lost());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_minority_costs_nothing_locks_and_renewals_go_on() {
+    let mut fixture = Fixture::redlock_of(5).await;
+    fixture.redlock_server_mut(0).kill();
+    fixture.redlock_server_mut(3).kill();
+    let ttl = ms(600);
+    let guard = within(secs(5), "acquire with two of five dead", fixture.client().lock("m").ttl(ttl).acquire())
+        .await
+        .expect("three of five grant");
+    // Several leases long: only renewals by the live majority keep it.
+    tokio::time::sleep(ttl * 4).await;
+    assert!(!guard.is_lost(), "renewals by three of five servers did not keep the lock");
+    assert!(busy_for_outsiders(fixture.client(), "m").await, "a second holder got in");
+    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_majority_fails_fast_leaves_nothing_held_and_holders_learn_they_lost() {
+    let mut fixture = Fixture::redlock().await;
+    let record = fixture.client().record_key("k");
+    let ttl = secs(1);
+    let holder = fixture.client().lock("held").ttl(ttl).acquire().await.expect("acquire");
+    fixture.redlock_server_mut(0).kill();
+    fixture.redlock_server_mut(1).kill();
+    // The holder: no quorum renews, so it is told by its deadline (at most one lease from now).
+    within(ttl + secs(1), "the holder learns it lost the lock", holder.lost()).await;
+    let started = Instant::now();
+    let error = fixture.client().lock("k").ttl(ttl).acquire().await.expect_err("one of three granted");
+    let took = started.elapsed();
+    assert!(matches!(error, LockError::Backend(_)), "{error:?}");
+    assert!(error.to_string().contains("only 1 of 3 servers"), "{error}");
+    // Bounded by the per-server timeout (a twentieth of the ttl), not the 2 s response timeout; generously.
+    assert!(took < secs(1), "a failed round took {took:?}");
+    // The live server granted, and was given the grant back.
+    let live = fixture.redlock_connections().pop().expect("server 2");
+    given_back(&live, &record, "the live server's grant given back").await;
+}
+
+/// A hung server (SIGSTOP: its socket open, no replies) must not cost the rounds that a quorum decides
+/// without it; a round that needs its vote waits a twentieth of the ttl for it, not the response timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_server_does_not_slow_acquires_and_a_late_grant_is_given_back() {
+    let _serial = distlock_tests::serial().await;
+    let fixture = Fixture::redlock().await;
+    let client = client_with_response_timeout(&fixture, secs(10)).await;
+    let servers: Vec<&RedisServer> = fixture.redlock_servers().collect();
+    let hung = Stopped::stop(servers[0].pid().expect("pid"));
+    // ttl 20 s: each server gets min(ttl/20, response timeout) = 1 s. Rounds decided by the two live servers
+    // take nothing like it.
+    let mut slowest = Duration::ZERO;
+    for i in 0..20 {
+        let started = Instant::now();
+        let guard = client.lock(format!("fast:{i}")).ttl(secs(20)).acquire().await.expect("two of three grant");
+        assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+        slowest = slowest.max(started.elapsed());
+    }
+    eprintln!("redlock, one of three hung: slowest of 20 acquire+release cycles {slowest:?}");
+    assert!(slowest < ms(500), "an acquire+release cycle with one hung server took {slowest:?}");
+
+    // Now the hung server's vote is needed: server 1 holds the lock for someone else.
+    let standalone = Client::builder().redis(servers[1].url()).build().await.expect("client on server 1");
+    let other = standalone.lock("late").ttl(secs(30)).acquire().await.expect("held on server 1");
+    let ttl = secs(2); // each server gets 100 ms
+    let started = Instant::now();
+    let outcome = client.lock("late").ttl(ttl).try_acquire().await.expect("a lost round is no error");
+    let took = started.elapsed();
+    eprintln!("redlock, a round needing the hung server's vote (100 ms per server): {took:?}");
+    assert!(outcome.is_none(), "granted without a quorum");
+    assert!(took < secs(1), "a round waiting for a hung server took {took:?} (response timeout 10 s)");
+    // The hung server wakes, runs the acquire it had queued and grants: that late grant is given back.
+    let record = client.record_key("late");
+    hung.resume();
+    given_back(&servers[0].connection().await, &record, "the late grant given back").await;
+    other.release().await.expect("release");
+}
+
+/// 64 tasks on two clients contend for 4 keys for 2 s, polling (Redlock has no queue): never two bodies
+/// of one key at once, and no update of a per-key counter lost. Prints how evenly the grants spread, as
+/// Redlock promises no fairness.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_tasks_on_four_keys_never_overlap() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let _serial = distlock_tests::serial().await;
+    let fixture = Fixture::redlock().await;
+    let clients = [fixture.client().clone(), fixture.other_client().await];
+    let inside: Arc<[AtomicUsize; 4]> = Arc::new(Default::default());
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let counters: Vec<_> = (0..4).map(|k| fixture.counter(&format!("c{k}"))).collect();
+    let until = Instant::now() + secs(2);
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..64 {
+        let (client, inside, overlaps) = (clients[t % 2].clone(), inside.clone(), overlaps.clone());
+        let counter = counters[t % 4].clone();
+        tasks.spawn(async move {
+            let mut grants = 0usize;
+            while Instant::now() < until {
+                let body = async {
+                    if inside[t % 4].fetch_add(1, Ordering::SeqCst) != 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    counter.racy_increment(ms(1)).await;
+                    inside[t % 4].fetch_sub(1, Ordering::SeqCst);
+                };
+                match client.lock(format!("hot:{}", t % 4)).ttl(secs(2)).wait(ms(500)).run(body).await {
+                    Ok(()) => grants += 1,
+                    Err(e) if e.is_busy() => {}
+                    Err(e) => panic!("task {t}: {e}"),
+                }
+            }
+            (t % 4, grants)
+        });
+    }
+    let mut per_key = [0i64; 4];
+    let mut per_task = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        let (key, grants) = joined.expect("task");
+        per_key[key] += grants as i64;
+        per_task.push(grants);
+    }
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two bodies of one key ran at once");
+    for (k, counter) in counters.iter().enumerate() {
+        assert_eq!(counter.get().await, per_key[k], "key {k}: lost updates");
+    }
+    let total: usize = per_task.iter().sum();
+    assert!(total > 0, "no task got any lock");
+    let (min, max) = (per_task.iter().min().copied(), per_task.iter().max().copied());
+    eprintln!("redlock fairness, 64 tasks on 4 keys for 2 s: {total} grants, per task min {min:?} max {max:?}");
+}
+
+/// The engine retries a failed round with the same token, and a failed round gives its grants back by that
+/// token. A give-back that reached a server after the next round's acquire there would delete a grant that
+/// round counted: here server 0 hangs with the first round's acquire queued, and once it wakes the next rounds
+/// need its vote (server 2 stays held by someone else). The lock must then really be held by a majority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_never_deletes_a_grant_a_later_round_counted() {
+    let _serial = distlock_tests::serial().await;
+    let fixture = Fixture::redlock().await;
+    let client = client_with_response_timeout(&fixture, secs(10)).await;
+    let servers: Vec<&RedisServer> = fixture.redlock_servers().collect();
+    let alone = |i: usize| Client::builder().redis(servers[i].url()).build();
+    let (on1, on2) = (alone(1).await.expect("client on 1"), alone(2).await.expect("client on 2"));
+    let held1 = on1.lock("k").ttl(secs(30)).acquire().await.expect("held on server 1");
+    let _held2 = on2.lock("k").ttl(secs(30)).acquire().await.expect("held on server 2");
+    let record = client.record_key("k");
+    let mut conns = fixture.redlock_connections();
+    let fence_on_1: u64 = conns[1].get(format!("{record}:fence")).await.expect("GET fence");
+    let hung = Stopped::stop(servers[0].pid().expect("pid"));
+    let acquiring = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let request = client.lock("k").ttl(secs(10)).wait(secs(30));
+            request.retry(distlock::RetryStrategy::Linear { step: ms(200) }).acquire().await
+        })
+    };
+    held1.release().await.expect("release on server 1");
+    // A round after that release reached server 1 (it granted there: the fence moved), with the first
+    // round's acquire still queued on server 0.
+    eventually(secs(10), "a round granted on server 1", || {
+        let mut conn = conns[1].clone();
+        let fence = format!("{record}:fence");
+        async move { conn.get::<_, u64>(&fence).await.expect("GET fence") > fence_on_1 }
+    })
+    .await;
+    hung.resume();
+    let guard = within(secs(30), "the acquire", acquiring).await.expect("join").expect("granted by servers 0 and 1");
+    // Servers 0 and 1 are the only majority: both must still hold it, so a renewal round succeeds.
+    guard.extend(secs(10)).await.expect("the majority still holds the lock");
+    for i in [0, 1] {
+        let held: bool = conns[i].exists(&record).await.expect("EXISTS");
+        assert!(held, "server {i} lost the grant the acquire counted");
+    }
+}
