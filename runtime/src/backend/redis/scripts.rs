@@ -35,6 +35,13 @@
 //! ([`record::write_holder`]), which a waiter also leaves in its `R:waiter:<token>`, so that a hand-over
 //! writes the heir's owner and metadata. The length prefix lets both be any text; the scripts never split it.
 //!
+//! What the grant time and owner cost Redis: nothing this machine can resolve. Measured with `redis-benchmark`
+//! on a private redis-server 7.0 (EVALSHA of ACQUIRE granting free locks of random keys, 8 clients, pipelines
+//! of 16, 100 000 calls a run, `INFO commandstats` usec_per_call, 40 interleaved runs alternating which script
+//! goes first, on a shared 2-core machine): 7.9 µs per call before (median; minimum 5.6), 7.6 after (5.8),
+//! with an owner of 19 bytes; the old script against a copy of itself differed by 0.13. The longer
+//! concatenation alone, timed in a Lua loop, costs about 0.05 µs; no command was added.
+//!
 //! A release (or an expiry noticed by an acquire) hands the lock straight to the longest-waiting live waiter
 //! and publishes `<its token>:<fence>:<hand-over lease ms>` on `R:released`: waiters are served in order, and
 //! the next holder has the lock one message after the release instead of racing for it.
