@@ -4,9 +4,10 @@
 //! `metadata` template rendered into the record. Each scenario runs on every backend; the record's layout on
 //! the server is checked on a private redis-server.
 
+use std::fmt;
 use std::time::Duration;
 
-use distlock::{Client, LockError, LockInfo};
+use distlock::{distributed_lock, with_client, Client, LockError, LockInfo};
 use distlock_tests::time::{ms, secs};
 use distlock_tests::{eventually, within, Backend, Fixture, RedisServer};
 use tokio::time::Instant;
@@ -16,6 +17,7 @@ distlock_tests::all_backends!(
     held_for_counts_from_the_grant_through_renewals,
     hand_over_is_a_new_grant_of_the_heirs,
     busy_error_names_the_holders_owner_and_hold_time,
+    attribute_metadata_templates_render_into_the_record,
 );
 
 /// How far the store's clock (a redis-server's wall clock) and this process's monotonic clock may drift apart
@@ -133,6 +135,42 @@ async fn busy_error_names_the_holders_owner_and_hold_time(fx: Fixture) {
     assert!(seen.held_for + CLOCKS >= ms(300), "held through the whole wait: {seen:?}");
     assert!(seen.held_for <= before_grant.elapsed() + CLOCKS, "{seen:?} within {:?}", before_grant.elapsed());
     held.release().await.expect("release");
+}
+
+/// A job, shown in keys by its name.
+struct Job {
+    name: &'static str,
+    attempt: u32,
+}
+
+impl fmt::Display for Job {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+#[distributed_lock(
+    key = "replica-job:<job>",
+    metadata = "replica <replica> runs <job.name>, attempt <job.attempt> <<#>>"
+)]
+async fn replica_job(job: &Job, replica: &str) -> Result<(String, LockInfo), LockError> {
+    let _ = (job, replica);
+    // The key as rendered (escaped: `nightly%3Areport`), from the lock this body holds.
+    let key = distlock::current_lock().expect("inside the body").key().to_owned();
+    let info = distlock::current_client()?.lock_info(&key).await?.expect("held while the body runs");
+    Ok((key, info))
+}
+
+/// The attribute's metadata template is rendered from the call's arguments, values as they are (unlike a key's,
+/// nothing is escaped), and the record holds exactly that.
+async fn attribute_metadata_templates_render_into_the_record(fx: Fixture) {
+    let job = Job { name: "nightly:report", attempt: 3 };
+    let (key, seen) = with_client(fx.client().clone(), replica_job(&job, "eu-west:b")).await.expect("runs");
+    assert_eq!(key, "replica-job:nightly%3Areport", "the key's values are escaped");
+    assert_eq!(seen.metadata, "replica eu-west:b runs nightly:report, attempt 3 <#>");
+    let other = Job { name: "cleanup", attempt: 1 };
+    let (_, seen) = with_client(fx.client().clone(), replica_job(&other, "us")).await.expect("runs");
+    assert_eq!(seen.metadata, "replica us runs cleanup, attempt 1 <#>");
 }
 
 /// On the server the record reads `<token>:<fence>:<granted µs>:<owner length>:<owner><metadata>`, as
