@@ -371,7 +371,7 @@ impl ClientBuilder {
     }
 }
 
-/// `<hostname>:<pid>`: the host's name as the OS gives it (the `gethostname` crate: gethostname(2) on Unix,
+/// `<hostname>:<pid>`: the host's name as the OS gives it (the `gethostname` crate: uname's nodename on Unix,
 /// GetComputerNameExW on Windows), lossily made UTF-8.
 fn default_owner() -> String {
     format!("{}:{}", gethostname::gethostname().to_string_lossy(), std::process::id())

@@ -28,8 +28,7 @@ async fn info(client: &Client, key: &str) -> LockInfo {
     client.lock_info(key).await.expect("lock_info").unwrap_or_else(|| panic!("{key} is held"))
 }
 
-/// The hostname as the OS reports it (uname's nodename), so the default owner is checked against a source of
-/// its own.
+/// The hostname as the OS reports it (uname's nodename, which the `gethostname` crate also reads on Unix).
 fn hostname() -> String {
     rustix::system::uname().nodename().to_string_lossy().into_owned()
 }
