@@ -3,9 +3,10 @@
 //! ```text
 //! #[attrs] vis async fn name<G>(params) -> R where .. {
 //!     #![inner attrs]
-//!     let key = { let mut buf = path::KeyBuf::new(); buf.push_literal("report:"); buf.push_value(&id); buf.finish() };
+//!     let key = { let mut buf = path::TemplateBuf::key(); buf.push_literal("report:"); buf.push_value(&id); buf.finish() };
+//!     let metadata = { let mut buf = path::TemplateBuf::text(); buf.push_literal(concat!(module_path!(), "::name")); buf.finish() };
 //!     static SPEC: path::LockSpec = path::LockSpec { ttl: Duration::from_millis(30000), .. };
-//!     path::run_locked(&SPEC, key, async move {            // spanned on `R`: `R: LockedReturn` is checked here
+//!     path::run_locked(&SPEC, key, metadata, async move {  // spanned on `R`: `R: LockedReturn` is checked here
 //!         if false { let fake: R = loop {}; return fake; }   // pins the block's output type to `R`
 //!         original body statements
 //!     }).await
@@ -25,7 +26,7 @@ use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{AttrStyle, Ident, Index, ItemFn, ReturnType, TraitItemFn, Type};
 
-use crate::parse::{parse_args, Args, Key, OnLost};
+use crate::parse::{parse_args, Args, OnLost, TemplateArg};
 use crate::retry::Retry;
 use crate::template::{Placeholder, Segment};
 use crate::validate::{span_in, validate_fn};
@@ -42,7 +43,7 @@ pub(crate) fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStr
             return with_errors(errors, item);
         }
     };
-    validate_fn(&function, args.key.as_ref(), &mut errors);
+    validate_fn(&function, args.templates(), &mut errors);
     if !errors.is_empty() {
         return with_errors(errors, item);
     }
@@ -111,9 +112,19 @@ fn generate(function: &ItemFn, args: &Args) -> syn::Result<TokenStream> {
     EraseImplTrait.visit_type_mut(&mut erased);
 
     let key_var = Ident::new("__distlock_key", Span::mixed_site());
-    let render_key = render_key(key, &private)?;
+    let render_key = render(key, &quote!(#private::TemplateBuf::key()))?;
+    let metadata_var = Ident::new("__distlock_metadata", Span::mixed_site());
+    let text = quote!(#private::TemplateBuf::text());
+    let render_metadata = match &args.metadata {
+        Some(metadata) => render(metadata, &text)?,
+        None => {
+            let name = syn::ext::IdentExt::unraw(&sig.ident).to_string();
+            let path = quote!(::core::concat!(::core::module_path!(), "::", #name));
+            render_pushes(&text, vec![Push::Literal(path)])
+        }
+    };
     let spec_var = Ident::new("__DISTLOCK_SPEC", Span::mixed_site());
-    let spec = lock_spec(args, &private, &sig.ident);
+    let spec = lock_spec(args, &private);
     let fake = Ident::new("__distlock_fake_return", Span::mixed_site());
     // The statements, not the block: `async move { edge; { expr } }` would trip the `unused_braces` lint.
     let body = &block.stmts;
@@ -137,7 +148,7 @@ fn generate(function: &ItemFn, args: &Args) -> syn::Result<TokenStream> {
     // this one span, so that the compiler merges their identical errors into one.
     let private_at_return = respan(private.clone(), return_start);
     let run_locked = quote_spanned! {return_start=>
-        #private_at_return::run_locked(&#spec_var, #key_var, async move {
+        #private_at_return::run_locked(&#spec_var, #key_var, #metadata_var, async move {
             #fake_return_edge
             #(#body)*
         })
@@ -149,6 +160,7 @@ fn generate(function: &ItemFn, args: &Args) -> syn::Result<TokenStream> {
         #vis #sig {
             #(#inner)*
             let #key_var = #render_key;
+            let #metadata_var = #render_metadata;
             static #spec_var: #private::LockSpec = #spec;
             #run_locked
         }
@@ -165,26 +177,42 @@ fn is_impl_trait(ty: &Type) -> bool {
     }
 }
 
-/// `{ let mut buf = KeyBuf::new(); buf.push_literal(..); buf.push_value(&..); buf.finish() }`.
-fn render_key(key: &Key, private: &TokenStream) -> syn::Result<TokenStream> {
-    let buf = Ident::new("__distlock_key_buf", Span::mixed_site());
+/// The template rendered at run time into the `TemplateBuf` that `new` makes (a key's, or metadata's).
+fn render(template: &TemplateArg, new: &TokenStream) -> syn::Result<TokenStream> {
     let mut pushes = Vec::new();
-    for segment in &key.template.segments {
+    for segment in &template.template.segments {
         pushes.push(match segment {
-            Segment::Text(text) => quote!(#buf.push_literal(#text);),
+            Segment::Text(text) => Push::Literal(quote!(#text)),
             Segment::Placeholder(placeholder) => {
-                let span = span_in(&key.lit, placeholder.range.clone());
-                let value = placeholder_expr(placeholder, span)?;
-                // Spanned on the placeholder so that a value that is not `Display` is reported there.
-                quote_spanned!(span=> #buf.push_value(&#value);)
+                let span = span_in(&template.lit, placeholder.range.clone());
+                Push::Value(placeholder_expr(placeholder, span)?, span)
             }
         });
     }
-    Ok(quote! {{
-        let mut #buf = #private::KeyBuf::new();
+    Ok(render_pushes(new, pushes))
+}
+
+/// One step of rendering a template.
+enum Push {
+    /// Text, as an expression of type `&str`.
+    Literal(TokenStream),
+    /// A placeholder's value, and the placeholder's span in the template.
+    Value(TokenStream, Span),
+}
+
+/// `{ let mut buf = <new>; buf.push_literal(..); buf.push_value(&..); buf.finish() }`.
+fn render_pushes(new: &TokenStream, pushes: Vec<Push>) -> TokenStream {
+    let buf = Ident::new("__distlock_buf", Span::mixed_site());
+    let pushes = pushes.into_iter().map(|push| match push {
+        Push::Literal(text) => quote!(#buf.push_literal(#text);),
+        // Spanned on the placeholder so that a value that is not `Display` is reported there.
+        Push::Value(value, span) => quote_spanned!(span=> #buf.push_value(&#value);),
+    });
+    quote! {{
+        let mut #buf = #new;
         #(#pushes)*
         #buf.finish()
-    }})
+    }}
 }
 
 /// The expression a placeholder stands for, e.g. `req.user.id` or `self.tenant`, with the user's hygiene.
@@ -212,7 +240,7 @@ fn placeholder_expr(placeholder: &Placeholder, span: Span) -> syn::Result<TokenS
 }
 
 /// The `LockSpec { .. }` constant expression.
-fn lock_spec(args: &Args, private: &TokenStream, fn_name: &Ident) -> TokenStream {
+fn lock_spec(args: &Args, private: &TokenStream) -> TokenStream {
     let millis = |ms: u64| {
         let ms = Literal::u64_suffixed(ms);
         quote!(#private::Duration::from_millis(#ms))
@@ -240,13 +268,6 @@ fn lock_spec(args: &Args, private: &TokenStream, fn_name: &Ident) -> TokenStream
         OnLost::Abort => quote!(#private::OnLost::Abort),
         OnLost::Continue => quote!(#private::OnLost::Continue),
     };
-    let metadata = match &args.metadata {
-        Some(lit) => lit.to_token_stream(),
-        None => {
-            let name = syn::ext::IdentExt::unraw(fn_name).to_string();
-            quote!(::core::concat!(::core::module_path!(), "::", #name))
-        }
-    };
     quote! {
         #private::LockSpec {
             ttl: #ttl,
@@ -255,7 +276,6 @@ fn lock_spec(args: &Args, private: &TokenStream, fn_name: &Ident) -> TokenStream
             min_hold: #min_hold,
             max_hold: #max_hold,
             on_lost: #on_lost,
-            metadata: #metadata,
         }
     }
 }
@@ -302,7 +322,7 @@ mod tests {
         let mut errors = Errors::default();
         let args = parse_args(args, &mut errors);
         assert!(errors.is_empty(), "{:?}", errors.take());
-        lock_spec(&args, &quote!(p), &syn::parse_quote!(f)).to_string().replace(' ', "")
+        lock_spec(&args, &quote!(p)).to_string().replace(' ', "")
     }
 
     /// Each `retry` form names the runtime's variant with every field; the hold limits are passed as given.

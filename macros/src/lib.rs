@@ -70,7 +70,11 @@ use proc_macro::TokenStream;
 ///   or the record disappeared). `"abort"` drops the body future and returns `LockError::Lost`; `"continue"`
 ///   lets the body finish without the lock. Example: `on_lost = "continue"`.
 /// - **`metadata`** (default: the function's module path and name, e.g. `"my_app::jobs::build_report"`):
-///   a string stored with the lock record, visible with `Client::lock_info`. Example: `metadata = "reports"`.
+///   text stored with the lock record, visible with `Client::lock_info` and `LockError::holder`. A template
+///   like `key`'s: `<name>`, `<self.field>` and `<req.user.id>` insert the parameters' values, checked at
+///   compile time the same way, but written as they are (metadata names no lock, so nothing is escaped);
+///   `<<` and `>>` write literal `<` and `>`, and any other `<` or `>` is a compile error. Unlike a key it may
+///   be empty or hold control characters. Example: `metadata = "replica <replica>, report <id>"`.
 /// - **`crate`** (default `"::distlock"`): the path to the distlock crate, for crates that re-export it or
 ///   rename the dependency. Example: `crate = "my_app::deps::distlock"`.
 ///

@@ -12,7 +12,7 @@ use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path, Token};
 
 use crate::duration::parse_duration;
 use crate::retry::{parse_retry, Retry};
-use crate::template::{parse_template_lenient, Template};
+use crate::template::{parse_template_lenient, Template, TemplateKind};
 use crate::validate::closest;
 use crate::Errors;
 
@@ -38,13 +38,24 @@ pub(crate) enum OnLost {
     Continue,
 }
 
-/// The key template together with the literal it was written in (for spans).
+/// A template argument (`key`, `metadata`) together with the literal it was written in (for spans).
 #[derive(Debug)]
-pub(crate) struct Key {
+pub(crate) struct TemplateArg {
     /// The literal as written, used to point errors into the template.
     pub(crate) lit: LitStr,
     /// The parsed template: when the literal has errors, only its valid parts.
     pub(crate) template: Template,
+}
+
+impl TemplateArg {
+    /// Parses `lit` as a template of `kind`, recording every error in it, each pointing into the literal.
+    fn parse(kind: TemplateKind, lit: LitStr, errors: &mut Errors) -> Self {
+        let (template, template_errors) = parse_template_lenient(kind, &lit.value());
+        for e in template_errors {
+            errors.push(syn::Error::new(crate::validate::span_in(&lit, e.range), e.message));
+        }
+        TemplateArg { lit, template }
+    }
 }
 
 /// The validated arguments of one `#[distributed_lock(...)]`.
@@ -52,7 +63,7 @@ pub(crate) struct Key {
 pub(crate) struct Args {
     /// The lock key template (possibly partial, if errors were recorded); `None` only when an error about it
     /// has been recorded.
-    pub(crate) key: Option<Key>,
+    pub(crate) key: Option<TemplateArg>,
     /// Lease length in milliseconds (renewed by the watchdog while the body runs).
     pub(crate) ttl_ms: u64,
     /// How long to wait for a busy lock, in milliseconds.
@@ -65,10 +76,17 @@ pub(crate) struct Args {
     pub(crate) max_hold_ms: Option<u64>,
     /// Behaviour when the lock is lost.
     pub(crate) on_lost: OnLost,
-    /// Explicit metadata, or `None` for `module_path::fn_name`.
-    pub(crate) metadata: Option<LitStr>,
+    /// The metadata template, or `None` for `module_path::fn_name`.
+    pub(crate) metadata: Option<TemplateArg>,
     /// Path to the `distlock` crate (default `::distlock`).
     pub(crate) krate: Option<Path>,
+}
+
+impl Args {
+    /// The templates whose placeholders name the function's parameters: the key, and the metadata if given.
+    pub(crate) fn templates(&self) -> impl Iterator<Item = &TemplateArg> {
+        self.key.iter().chain(&self.metadata)
+    }
 }
 
 /// One `name = value` pair, before its name or value is checked.
@@ -157,13 +175,7 @@ pub(crate) fn parse_args(tokens: proc_macro2::TokenStream, errors: &mut Errors) 
             continue;
         };
         match name_str.as_str() {
-            "key" => {
-                let (template, template_errors) = parse_template_lenient(&lit.value());
-                for e in template_errors {
-                    errors.push(syn::Error::new(crate::validate::span_in(&lit, e.range), e.message));
-                }
-                key = Some(Key { lit, template });
-            }
+            "key" => key = Some(TemplateArg::parse(TemplateKind::Key, lit, errors)),
             "ttl" => {
                 ttl_ms = duration(&name_str, &lit, errors);
                 let problem = match ttl_ms {
@@ -217,7 +229,7 @@ pub(crate) fn parse_args(tokens: proc_macro2::TokenStream, errors: &mut Errors) 
                     format!("unknown `on_lost` value {other:?}; expected \"abort\" (the default: drop the body and return the Lost error) or \"continue\""),
                 )),
             },
-            "metadata" => metadata = Some(lit),
+            "metadata" => metadata = Some(TemplateArg::parse(TemplateKind::Metadata, lit, errors)),
             _ => match lit.parse::<Path>() {
                 Ok(path) => krate = Some(path),
                 Err(_) => errors.push(syn::Error::new(
@@ -275,7 +287,9 @@ fn string_literal(name: &str, value: &Expr, errors: &mut Errors) -> Option<LitSt
         "retry" => {
             "`retry` must be a string literal such as \"none\", \"linear 100ms\" or \"exponential 25ms..1s\"".to_owned()
         }
-        "metadata" => "`metadata` must be a string literal".to_owned(),
+        "metadata" => "`metadata` must be a string literal such as \"replica <replica>\": the template is checked at \
+                       compile time, like `key`'s"
+            .to_owned(),
         _ => "`crate` must be a string literal path, such as \"distlock\"".to_owned(),
     };
     errors.push(syn::Error::new_spanned(value, message));

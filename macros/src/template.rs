@@ -1,27 +1,48 @@
-//! Parser for lock key templates such as `"report:<id>"` or `"tenant:<self.tenant>:user:<req.user.id>"`.
+//! Parser for the attribute's templates: lock keys such as `"report:<id>"` or
+//! `"tenant:<self.tenant>:user:<req.user.id>"`, and metadata such as `"replica <replica>"`.
 //!
 //! Grammar: text is copied verbatim; `<path>` is a placeholder, where `path` is a parameter name optionally
 //! followed by `.field` segments (`<self.tenant>`, `<req.user.id>`, `<pair.0>`); `<<` and `>>` write a literal
-//! `<` and `>`. Errors carry the byte range of the offending part of the template so the caller can point at it.
+//! `<` and `>`. Both kinds share it; a key's text must also be a valid key ([`TemplateKind::Key`]). Errors carry
+//! the byte range of the offending part of the template so the caller can point at it.
 
 use std::ops::Range;
 
 /// The longest key the runtime accepts, in bytes (its `InvalidKey` check); the template's text alone must fit.
 const MAX_KEY_BYTES: usize = 1024;
 
-/// A parsed key template: literal text and placeholders, in order. Adjacent text is merged.
+/// Which argument a template is: a key's text has the runtime's key rules to follow; metadata is any text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TemplateKind {
+    /// `key`: not empty, no control characters, at most [`MAX_KEY_BYTES`] of text.
+    Key,
+    /// `metadata`: any text.
+    Metadata,
+}
+
+impl TemplateKind {
+    /// The template as messages name it.
+    fn noun(self) -> &'static str {
+        match self {
+            TemplateKind::Key => "the lock key",
+            TemplateKind::Metadata => "`metadata`",
+        }
+    }
+}
+
+/// A parsed template: literal text and placeholders, in order. Adjacent text is merged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Template {
     /// The parts of the key, in order.
     pub(crate) segments: Vec<Segment>,
 }
 
-/// One part of a key template.
+/// One part of a template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Segment {
-    /// Literal text (with `<<`/`>>` already unescaped), copied into the key verbatim.
+    /// Literal text (with `<<`/`>>` already unescaped), copied verbatim.
     Text(String),
-    /// A `<path>` placeholder whose value is formatted with `Display` and escaped.
+    /// A `<path>` placeholder whose value is formatted with `Display` (and, in a key, escaped).
     Placeholder(Placeholder),
 }
 
@@ -59,7 +80,13 @@ impl TemplateError {
 /// Parses a key template, reporting every error found (not just the first).
 #[cfg(test)]
 pub(crate) fn parse_template(text: &str) -> Result<Template, Vec<TemplateError>> {
-    let (template, errors) = parse_template_lenient(text);
+    parse_template_of(TemplateKind::Key, text)
+}
+
+/// Parses a template of `kind`, reporting every error found.
+#[cfg(test)]
+pub(crate) fn parse_template_of(kind: TemplateKind, text: &str) -> Result<Template, Vec<TemplateError>> {
+    let (template, errors) = parse_template_lenient(kind, text);
     if errors.is_empty() {
         Ok(template)
     } else {
@@ -67,10 +94,11 @@ pub(crate) fn parse_template(text: &str) -> Result<Template, Vec<TemplateError>>
     }
 }
 
-/// Parses a key template, returning the parts that are valid together with every error, so that the valid
-/// placeholders can still be checked against the function's parameters.
-pub(crate) fn parse_template_lenient(text: &str) -> (Template, Vec<TemplateError>) {
-    if text.is_empty() {
+/// Parses a template of `kind`, returning the parts that are valid together with every error, so that the
+/// valid placeholders can still be checked against the function's parameters.
+pub(crate) fn parse_template_lenient(kind: TemplateKind, text: &str) -> (Template, Vec<TemplateError>) {
+    let what = kind.noun();
+    if text.is_empty() && kind == TemplateKind::Key {
         let error = TemplateError::new("the lock key cannot be empty; write a template such as \"report:<id>\"", 0..0);
         return (Template { segments: Vec::new() }, vec![error]);
     }
@@ -90,7 +118,7 @@ pub(crate) fn parse_template_lenient(text: &str) -> (Template, Vec<TemplateError
                 i += 2;
             }
             b'>' => {
-                errors.push(TemplateError::new("stray `>` in the lock key; write `>>` for a literal `>`", i..i + 1));
+                errors.push(TemplateError::new(format!("stray `>` in {what}; write `>>` for a literal `>`"), i..i + 1));
                 i += 1;
             }
             b'<' => {
@@ -101,7 +129,7 @@ pub(crate) fn parse_template_lenient(text: &str) -> (Template, Vec<TemplateError
                 match end {
                     Some(end) if bytes[end] == b'>' => {
                         let range = start..end + 1;
-                        match parse_path(&text[body_start..end], range.clone()) {
+                        match parse_path(kind, &text[body_start..end], range.clone()) {
                             Ok(placeholder) => {
                                 if !literal.is_empty() {
                                     segments.push(Segment::Text(std::mem::take(&mut literal)));
@@ -113,11 +141,11 @@ pub(crate) fn parse_template_lenient(text: &str) -> (Template, Vec<TemplateError
                         i = end + 1;
                     }
                     Some(next_open) => {
-                        errors.push(unclosed(text, start, next_open));
+                        errors.push(unclosed(kind, text, start, next_open));
                         i = next_open;
                     }
                     None => {
-                        errors.push(unclosed(text, start, text.len()));
+                        errors.push(unclosed(kind, text, start, text.len()));
                         i = text.len();
                     }
                 }
@@ -126,7 +154,7 @@ pub(crate) fn parse_template_lenient(text: &str) -> (Template, Vec<TemplateError
                 // Copy one whole UTF-8 character.
                 let ch = text[i..].chars().next().unwrap_or_default();
                 let width = ch.len_utf8().max(1);
-                if ch.is_control() {
+                if ch.is_control() && kind == TemplateKind::Key {
                     errors.push(TemplateError::new(
                         format!(
                             "the lock key contains the control character `{}`, which keys cannot contain",
@@ -144,7 +172,7 @@ pub(crate) fn parse_template_lenient(text: &str) -> (Template, Vec<TemplateError
         segments.push(Segment::Text(literal));
     }
     let text_bytes: usize = segments.iter().map(|s| if let Segment::Text(t) = s { t.len() } else { 0 }).sum();
-    if text_bytes > MAX_KEY_BYTES {
+    if text_bytes > MAX_KEY_BYTES && kind == TemplateKind::Key {
         errors.push(TemplateError::new(
             format!("the lock key's text is {text_bytes} bytes long; keys can have at most {MAX_KEY_BYTES} bytes"),
             0..text.len(),
@@ -153,10 +181,11 @@ pub(crate) fn parse_template_lenient(text: &str) -> (Template, Vec<TemplateError
     (Template { segments }, errors)
 }
 
-fn unclosed(text: &str, start: usize, end: usize) -> TemplateError {
+fn unclosed(kind: TemplateKind, text: &str, start: usize, end: usize) -> TemplateError {
     TemplateError::new(
         format!(
-            "unclosed `<` in the lock key: `{}` has no closing `>`; write `<<` for a literal `<`",
+            "unclosed `<` in {}: `{}` has no closing `>`; write `<<` for a literal `<`",
+            kind.noun(),
             &text[start..end]
         ),
         start..end,
@@ -164,11 +193,14 @@ fn unclosed(text: &str, start: usize, end: usize) -> TemplateError {
 }
 
 /// Parses the inside of `<...>` into a path; `range` covers the whole placeholder.
-fn parse_path(inner: &str, range: Range<usize>) -> Result<Placeholder, TemplateError> {
+fn parse_path(kind: TemplateKind, inner: &str, range: Range<usize>) -> Result<Placeholder, TemplateError> {
     let written = format!("<{inner}>");
     if inner.is_empty() {
         return Err(TemplateError::new(
-            "empty placeholder `<>` in the lock key; name a parameter, e.g. `<id>`, or write `<<>>` for a literal `<>`",
+            format!(
+                "empty placeholder `<>` in {}; name a parameter, e.g. `<id>`, or write `<<>>` for a literal `<>`",
+                kind.noun()
+            ),
             range,
         ));
     }
@@ -373,5 +405,24 @@ mod tests {
     fn multibyte_text() {
         let t = parse_template("café:<id>").unwrap();
         assert_eq!(t.segments, vec![text("café:"), ph(&["id"], 6..10)]);
+    }
+
+    /// Metadata is parsed by the same grammar, placeholders and escapes alike, without a key's text rules,
+    /// and its errors name `metadata`.
+    #[test]
+    fn metadata_templates() {
+        let metadata = |text: &str| parse_template_of(TemplateKind::Metadata, text);
+        let t = metadata("replica <replica> <<#<self.n>>>").unwrap();
+        let expected =
+            vec![text("replica "), ph(&["replica"], 8..17), text(" <#"), ph(&["self", "n"], 21..29), text(">")];
+        assert_eq!(t.segments, expected);
+        assert_eq!(metadata("").unwrap().segments, vec![]);
+        assert!(metadata(&format!("line\n{}", "m".repeat(2000))).is_ok(), "no key rules");
+        let e = metadata("a>b <c <> <1x>").unwrap_err();
+        assert_eq!(e.iter().map(|e| e.range.clone()).collect::<Vec<_>>(), vec![1..2, 4..7, 7..9, 10..14]);
+        assert!(e[0].message.starts_with("stray `>` in `metadata`"), "{}", e[0].message);
+        assert!(e[1].message.starts_with("unclosed `<` in `metadata`"), "{}", e[1].message);
+        assert!(e[2].message.starts_with("empty placeholder `<>` in `metadata`"), "{}", e[2].message);
+        assert!(e[3].message.starts_with("invalid placeholder `<1x>`"), "{}", e[3].message);
     }
 }

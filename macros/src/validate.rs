@@ -1,5 +1,5 @@
-//! Checks of the annotated function: `async`, not `const`, has a return type, and every key placeholder names
-//! one of its parameters (with a suggestion when it does not).
+//! Checks of the annotated function: `async`, not `const`, has a return type, and every placeholder of its
+//! templates (`key`, `metadata`) names one of its parameters (with a suggestion when it does not).
 
 use std::ops::Range;
 
@@ -9,14 +9,19 @@ use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{FnArg, ItemFn, LitStr, Member, Pat, ReturnType, Type};
 
-use crate::parse::Key;
+use crate::parse::TemplateArg;
 use crate::template::Segment;
 use crate::Errors;
 
-/// Checks the function's shape and the key's placeholders against its parameters.
-pub(crate) fn validate_fn(item: &ItemFn, key: Option<&Key>, errors: &mut Errors) {
-    if let Some(key) = key {
-        check_placeholders(item, key, errors);
+/// Checks the function's shape and the templates' placeholders against its parameters.
+pub(crate) fn validate_fn<'a>(
+    item: &ItemFn,
+    templates: impl IntoIterator<Item = &'a TemplateArg>,
+    errors: &mut Errors,
+) {
+    let bindings = collect_bindings(item);
+    for template in templates {
+        check_placeholders(item, &bindings, template, errors);
     }
     let sig = &item.sig;
     let name = sig.ident.unraw().to_string();
@@ -62,8 +67,7 @@ enum Binding {
     InPattern { name: String, path: Option<Vec<String>>, ty: String },
 }
 
-fn check_placeholders(item: &ItemFn, key: &Key, errors: &mut Errors) {
-    let bindings = collect_bindings(item);
+fn check_placeholders(item: &ItemFn, bindings: &[Binding], template: &TemplateArg, errors: &mut Errors) {
     let params: Vec<&str> = bindings
         .iter()
         .filter_map(|b| match b {
@@ -72,11 +76,11 @@ fn check_placeholders(item: &ItemFn, key: &Key, errors: &mut Errors) {
         })
         .collect();
     let fn_name = item.sig.ident.unraw().to_string();
-    for segment in &key.template.segments {
+    for segment in &template.template.segments {
         let Segment::Placeholder(placeholder) = segment else { continue };
         let Some(first) = placeholder.path.first().map(|name| unraw(name)) else { continue };
         let written = placeholder.display();
-        let span = span_in(&key.lit, placeholder.range.clone());
+        let span = span_in(&template.lit, placeholder.range.clone());
         let found = bindings.iter().find(|b| match b {
             Binding::Param(name) | Binding::InPattern { name, .. } => *name == first,
         });

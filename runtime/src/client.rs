@@ -45,10 +45,15 @@ impl std::fmt::Debug for Client {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockInfo {
+    /// The holder's client, as named by [`ClientBuilder::owner`] (by default `<hostname>:<pid>`).
+    pub owner: String,
     /// The text the holder attached with [`LockRequest::metadata`].
     pub metadata: String,
     /// The holder's fencing token.
     pub fencing_token: u64,
+    /// How long the lock has been held: since its grant, by the store's clock (the Redis server's), whatever
+    /// renewals or extensions happened since. A lock handed to a waiter on release is a new grant.
+    pub held_for: Duration,
     /// How much of the holder's lease is left.
     pub remaining_ttl: Duration,
     /// How many requests are queued for the lock (on Redis, including places of waiters that stopped
@@ -82,15 +87,17 @@ impl Client {
         LockRequest::new(self.clone(), key.into())
     }
 
-    /// Reads who holds `key` (its metadata, fencing token and remaining lease), or `None` when it is free.
+    /// Reads who holds `key` (owner, metadata, fencing token, how long it has been held and the lease left), or
+    /// `None` when it is free.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
-    /// # let client = distlock::Client::builder().memory().build().await?;
-    /// let guard = client.lock("job").metadata("worker-7").acquire().await?;
+    /// let client = distlock::Client::builder().memory().owner("billing-7").build().await?;
+    /// let guard = client.lock("job").metadata("nightly run").acquire().await?;
     /// let info = client.lock_info("job").await?.expect("held");
-    /// assert_eq!(info.metadata, "worker-7");
+    /// assert_eq!((info.owner.as_str(), info.metadata.as_str()), ("billing-7", "nightly run"));
     /// assert_eq!(info.fencing_token, guard.fencing_token());
+    /// assert!(info.held_for < std::time::Duration::from_secs(5));
     /// # Ok(()) }
     /// ```
     pub async fn lock_info(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
@@ -160,6 +167,8 @@ impl Client {
 pub struct ClientBuilder {
     store: StoreChoice,
     prefix: String,
+    /// `None`: `<hostname>:<pid>`, looked up when building.
+    owner: Option<String>,
     timeouts: Timeouts,
     allow_insecure_tls: bool,
     replicas: Option<ReplicaAcks>,
@@ -190,6 +199,7 @@ impl Default for ClientBuilder {
         Self {
             store: StoreChoice::Unset,
             prefix: "distlock:".to_owned(),
+            owner: None,
             timeouts: Timeouts { connect: Duration::from_secs(2), response: Duration::from_secs(2) },
             allow_insecure_tls: false,
             replicas: None,
@@ -288,6 +298,21 @@ impl ClientBuilder {
         self
     }
 
+    /// Names this process in every lock record its client writes, for whoever reads them
+    /// ([`LockInfo::owner`], [`LockError::holder`]): any non-empty text. Default `<hostname>:<pid>`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// let client = distlock::Client::builder().memory().owner("worker-7 (eu-west)").build().await?;
+    /// let _guard = client.lock("job").acquire().await?;
+    /// assert_eq!(client.lock_info("job").await?.expect("held").owner, "worker-7 (eu-west)");
+    /// # Ok(()) }
+    /// ```
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
+        self
+    }
+
     /// How long connecting may take. Default 2 s.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.timeouts.connect = timeout;
@@ -333,9 +358,21 @@ impl ClientBuilder {
         if self.timeouts.connect.is_zero() || self.timeouts.response.is_zero() {
             return Err(LockError::InvalidConfig("connect and response timeouts must be above zero".into()));
         }
+        let owner = match self.owner {
+            Some(owner) if owner.is_empty() => {
+                return Err(LockError::InvalidConfig(
+                    "ClientBuilder::owner is empty: name this process (for example its host and role), or leave \
+                     it unset for `<hostname>:<pid>`"
+                        .into(),
+                ))
+            }
+            Some(owner) => owner,
+            None => default_owner(),
+        };
         let settings = ConnectSettings {
             timeouts: self.timeouts,
             prefix: &self.prefix,
+            owner: &owner,
             allow_insecure_tls: self.allow_insecure_tls,
             replicas: self.replicas,
         };
@@ -360,10 +397,16 @@ impl ClientBuilder {
                 let servers: Vec<String> = servers.into_iter().map(|RedisUrl(url)| url).collect();
                 Backend::Redlock(RedlockBackend::connect(&servers, settings).await?)
             }
-            StoreChoice::Memory => Backend::Memory(MemoryBackend::default()),
+            StoreChoice::Memory => Backend::Memory(MemoryBackend::new(owner.into())),
         };
         Ok(Client { inner: Arc::new(ClientInner { backend, prefix: self.prefix, renewer: Renewer::default() }) })
     }
+}
+
+/// `<hostname>:<pid>`: the host's name as the OS gives it (the `gethostname` crate: uname's nodename on Unix,
+/// GetComputerNameExW on Windows), lossily made UTF-8.
+fn default_owner() -> String {
+    format!("{}:{}", gethostname::gethostname().to_string_lossy(), std::process::id())
 }
 
 static GLOBAL: OnceCell<Client> = OnceCell::new();

@@ -78,17 +78,20 @@ pub enum LockError {
 }
 
 impl LockError {
-    /// On [`NotObtained`](LockError::NotObtained): who held the lock when the wait ended (metadata, fencing
-    /// token, remaining lease, queue length), so a handler can answer "409 Conflict" with something useful.
-    /// `None` for other errors, and when the lock was free by the time it was looked up.
+    /// On [`NotObtained`](LockError::NotObtained): who held the lock when the wait ended (owner, metadata,
+    /// fencing token, how long it had been held, remaining lease, queue length), so a handler can answer
+    /// "409 Conflict" with something useful. `None` for other errors, and when the lock was free by the time it
+    /// was looked up.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let client = distlock::Client::builder().memory().build().await.unwrap();
-    /// let held = client.lock("report:7").metadata("replica a").acquire().await.unwrap();
+    /// let client = distlock::Client::builder().memory().owner("replica-a").build().await.unwrap();
+    /// let held = client.lock("report:7").metadata("monthly report").acquire().await.unwrap();
     /// let error = client.lock("report:7").acquire().await.unwrap_err();
     /// assert!(error.is_busy());
-    /// assert_eq!(error.holder().map(|h| h.metadata.as_str()), Some("replica a"));
+    /// let holder = error.holder().expect("held");
+    /// assert_eq!((holder.owner.as_str(), holder.metadata.as_str()), ("replica-a", "monthly report"));
+    /// assert!(holder.held_for < std::time::Duration::from_secs(5));
     /// # drop(held);
     /// # }
     /// ```

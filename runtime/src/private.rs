@@ -23,38 +23,44 @@ pub struct LockSpec {
     pub max_hold: Option<Duration>,
     /// What to do when the lock is lost under the body.
     pub on_lost: OnLost,
-    /// Stored with the lock; by default the function's path.
-    pub metadata: &'static str,
 }
 
-/// Renders a key template: text verbatim, placeholder values escaped so that distinct values never render to
-/// the same key (`a="1:2", b="3"` vs `a="1", b="2:3"`) and plain values pass unchanged.
-#[derive(Debug, Default)]
-pub struct KeyBuf {
-    key: String,
+/// Renders a template of the attribute: text verbatim, placeholder values formatted with `Display`. In a key
+/// ([`key`](Self::key)) the values are escaped, so that distinct values never render to the same key
+/// (`a="1:2", b="3"` vs `a="1", b="2:3"`) and plain values pass unchanged; in metadata
+/// ([`text`](Self::text)), which identifies nothing, they are written as they are.
+#[derive(Debug)]
+pub struct TemplateBuf {
+    rendered: String,
+    escape: bool,
 }
 
-impl KeyBuf {
+impl TemplateBuf {
     /// An empty key.
-    pub fn new() -> Self {
-        Self::default()
+    pub fn key() -> Self {
+        Self { rendered: String::new(), escape: true }
+    }
+
+    /// An empty text (the metadata).
+    pub fn text() -> Self {
+        Self { rendered: String::new(), escape: false }
     }
 
     /// Appends template text as it is.
     pub fn push_literal(&mut self, text: &str) {
-        self.key.push_str(text);
+        self.rendered.push_str(text);
     }
 
-    /// Appends a placeholder's value, formatted with `Display` and escaped.
+    /// Appends a placeholder's value, formatted with `Display` (and escaped in a key).
     pub fn push_value<T: fmt::Display + ?Sized>(&mut self, value: &T) {
-        let mut escaper = Escaper(&mut self.key);
         // Writing into a String cannot fail; a Display impl that returns Err leaves what it wrote.
-        let _ = write!(escaper, "{value}");
+        let _ =
+            if self.escape { write!(Escaper(&mut self.rendered), "{value}") } else { write!(self.rendered, "{value}") };
     }
 
-    /// The rendered key.
+    /// The rendered text.
     pub fn finish(self) -> String {
-        self.key
+        self.rendered
     }
 }
 
@@ -82,12 +88,12 @@ impl fmt::Write for Escaper<'_> {
     }
 }
 
-/// Takes `key` on the client in scope and runs `body` under it; every lock failure comes back as the
-/// function's error type, through `From<LockError>`.
+/// Takes `key` on the client in scope, with `metadata` in its record, and runs `body` under it; every lock
+/// failure comes back as the function's error type, through `From<LockError>`.
 ///
 /// `R` is the annotated function's return type, named by the macro: a return type that is not a valid
 /// [`LockedReturn`] is reported once, on that type, with the message below.
-pub async fn run_locked<R, F>(spec: &'static LockSpec, key: String, body: F) -> R
+pub async fn run_locked<R, F>(spec: &'static LockSpec, key: String, metadata: String, body: F) -> R
 where
     R: LockedReturn,
     F: Future<Output = R>,
@@ -96,7 +102,7 @@ where
         Ok(client) => client,
         Err(e) => return R::from_result(Err(e.into())),
     };
-    let mut request = client.lock(key).ttl(spec.ttl).wait(spec.wait).metadata(spec.metadata).on_lost(spec.on_lost);
+    let mut request = client.lock(key).ttl(spec.ttl).wait(spec.wait).metadata(metadata).on_lost(spec.on_lost);
     if let Some(retry) = spec.retry {
         request = request.retry(retry);
     }
@@ -146,10 +152,10 @@ impl<T, E: From<LockError>> LockedReturn for Result<T, E> {
 
 #[cfg(test)]
 mod tests {
-    use super::KeyBuf;
+    use super::TemplateBuf;
 
     fn render(parts: &[(&str, &str)]) -> String {
-        let mut key = KeyBuf::new();
+        let mut key = TemplateBuf::key();
         for (text, value) in parts {
             key.push_literal(text);
             key.push_value(*value);
@@ -165,5 +171,15 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(a, "1%3A2:3");
         assert_eq!(render(&[("", "{x}*?[]\\%\n")]), "%7Bx%7D%2A%3F%5B%5D%5C%25%0A");
+    }
+
+    #[test]
+    fn metadata_values_are_written_as_they_are() {
+        let mut text = TemplateBuf::text();
+        text.push_literal("replica ");
+        text.push_value("eu:west {1}");
+        text.push_literal(" <#>");
+        text.push_value(&7);
+        assert_eq!(text.finish(), "replica eu:west {1} <#>7");
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use distlock::{Client, LockError, LockGuard, LockRequest};
+use distlock::{Client, ClientBuilder, LockError, LockGuard, LockRequest};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Value};
@@ -123,7 +123,7 @@ impl Fixture {
     pub async fn sentinel() -> Self {
         let group = SentinelGroup::shared().await;
         let prefix = unique_prefix();
-        let client = sentinel_client(group, &prefix).await;
+        let client = sentinel_client(group, &prefix, |b| b).await;
         let port = group.primary_port().await.expect("the sentinels name a primary");
         let server = group.servers.iter().find(|s| s.port() == port).expect("the primary is one of the group's");
         let conn = RawConnection::Server(server.connection().await);
@@ -142,7 +142,7 @@ impl Fixture {
     pub async fn cluster() -> Self {
         let cluster = tokio::task::spawn_blocking(RedisCluster::shared).await.expect("cluster start");
         let prefix = unique_prefix();
-        let client = cluster_client(cluster, &prefix).await;
+        let client = cluster_client(cluster, &prefix, |b| b).await;
         let conn = redis::cluster::ClusterClient::new(cluster.seeds())
             .expect("cluster client")
             .get_async_connection()
@@ -166,7 +166,7 @@ impl Fixture {
     /// `n` fresh `redis-server`s and a Redlock client on them.
     pub async fn redlock_of(n: usize) -> Self {
         let servers: Vec<RedisServer> = (0..n).map(|_| RedisServer::new()).collect();
-        let client = redlock_client(&servers).await;
+        let client = redlock_client(&servers, |builder| builder).await;
         let mut redlock = Vec::with_capacity(n);
         for server in servers {
             let conn = server.connection().await;
@@ -208,21 +208,26 @@ impl Fixture {
     /// Another client on the same backend: a separately built one (its own connections) on Redis; on the
     /// in-process backend, which is one store per built client, a clone.
     pub async fn other_client(&self) -> Client {
-        match &self.redis {
-            Some((server, _)) => Client::builder()
-                .redis(server.url())
+        match self.backend {
+            Backend::Memory => self.client.clone(),
+            _ => self.client_with(|builder| builder).await,
+        }
+    }
+
+    /// A client built for this fixture's backend with `configure` applied to its builder (e.g.
+    /// `|b| b.owner("replica-b")`): on the same server, cluster or Sentinel group, with the same key prefix. On
+    /// the in-process backend, which is one store per built client, it is a new store of its own, which
+    /// shares no lock with the fixture's client.
+    pub async fn client_with(&self, configure: impl FnOnce(ClientBuilder) -> ClientBuilder) -> Client {
+        match (&self.redis, &self.cluster, &self.sentinel) {
+            (Some((server, _)), ..) => configure(Client::builder().redis(server.url()))
                 .build()
                 .await
                 .unwrap_or_else(|e| panic!("client for {}: {e}", server.url())),
-            None => match (&self.cluster, &self.sentinel) {
-                (Some((cluster, _, prefix)), _) => cluster_client(cluster, prefix).await,
-                (_, Some((group, _, prefix))) => sentinel_client(group, prefix).await,
-                _ if !self.redlock.is_empty() => {
-                    let servers: Vec<&RedisServer> = self.redlock_servers().collect();
-                    redlock_client(servers).await
-                }
-                _ => self.client.clone(),
-            },
+            (_, Some((cluster, _, prefix)), _) => cluster_client(cluster, prefix, configure).await,
+            (.., Some((group, _, prefix))) => sentinel_client(group, prefix, configure).await,
+            _ if !self.redlock.is_empty() => redlock_client(self.redlock_servers(), configure).await,
+            _ => configure(Client::builder().memory()).build().await.expect("memory client"),
         }
     }
 
@@ -360,24 +365,34 @@ fn unique_prefix() -> String {
     format!("t{}-{}:", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-async fn sentinel_client(group: &SentinelGroup, prefix: &str) -> Client {
-    Client::builder()
-        .redis_sentinel(group.sentinel_urls(), crate::sentinel::SERVICE)
-        .key_prefix(prefix)
+async fn sentinel_client(
+    group: &SentinelGroup,
+    prefix: &str,
+    configure: impl FnOnce(ClientBuilder) -> ClientBuilder,
+) -> Client {
+    configure(Client::builder().redis_sentinel(group.sentinel_urls(), crate::sentinel::SERVICE).key_prefix(prefix))
         .build()
         .await
         .unwrap_or_else(|e| panic!("client through the sentinels: {e}"))
 }
 
-async fn redlock_client<'a>(servers: impl IntoIterator<Item = &'a RedisServer>) -> Client {
+async fn redlock_client<'a>(
+    servers: impl IntoIterator<Item = &'a RedisServer>,
+    configure: impl FnOnce(ClientBuilder) -> ClientBuilder,
+) -> Client {
     let urls: Vec<String> = servers.into_iter().map(RedisServer::url).collect();
-    Client::builder().redlock(urls.clone()).build().await.unwrap_or_else(|e| panic!("redlock client for {urls:?}: {e}"))
+    configure(Client::builder().redlock(urls.clone()))
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("redlock client for {urls:?}: {e}"))
 }
 
-async fn cluster_client(cluster: &RedisCluster, prefix: &str) -> Client {
-    Client::builder()
-        .redis_cluster(cluster.seeds())
-        .key_prefix(prefix)
+async fn cluster_client(
+    cluster: &RedisCluster,
+    prefix: &str,
+    configure: impl FnOnce(ClientBuilder) -> ClientBuilder,
+) -> Client {
+    configure(Client::builder().redis_cluster(cluster.seeds()).key_prefix(prefix))
         .build()
         .await
         .unwrap_or_else(|e| panic!("client for the cluster: {e}"))

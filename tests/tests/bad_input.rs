@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::__private::KeyBuf;
+use distlock::__private::TemplateBuf;
 use distlock::{distributed_lock, with_client, Client, LockError, ReleaseOutcome, RetryStrategy};
 use distlock_tests::monitor::Monitor;
 use distlock_tests::time::{ms, secs};
@@ -194,7 +194,7 @@ async fn min_hold_above_the_px_limit_is_invalid_config() {
 // ---------------------------------------------------------------------------------------------------------
 
 fn render(a: &str, b: &str) -> String {
-    let mut key = KeyBuf::new();
+    let mut key = TemplateBuf::key();
     key.push_literal("pair:");
     key.push_value(a);
     key.push_literal(":");
@@ -216,7 +216,7 @@ async fn locked_pair(
 
 /// Placeholder values are escaped so that distinct values never render to the same key, no rendered key
 /// leaves its hash tag or names another lock's internal keys, and on a real server every distinct pair is
-/// its own lock (through `KeyBuf`, and through the attribute).
+/// its own lock (through `TemplateBuf::key`, and through the attribute).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distinct_template_values_never_share_a_lock() {
     let values = [

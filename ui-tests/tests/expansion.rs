@@ -73,7 +73,7 @@ struct Req<'a> {
 }
 
 impl Tenant {
-    #[distributed_lock(key = "tenant:<self.name>:<req.ids.1>", metadata = "tenant jobs")]
+    #[distributed_lock(key = "tenant:<self.name>:<req.ids.1>", metadata = "tenant <self.name>: job <req.ids.0> <<x>>")]
     async fn job(&self, req: &Req<'_>, expected_key: &str) -> Result<Option<LockInfo>, LockError> {
         assert_eq!(req.tenant.name, self.name);
         info(expected_key).await
@@ -86,7 +86,7 @@ async fn field_paths_and_metadata() {
     let tenant = Tenant { name: "acme".into() };
     let req = Req { tenant: &tenant, ids: (1, 7) };
     let seen = with_client(client, tenant.job(&req, "tenant:acme:7")).await.expect("runs");
-    assert_eq!(seen.expect("held").metadata, "tenant jobs");
+    assert_eq!(seen.expect("held").metadata, "tenant acme: job 1 <x>");
 }
 
 #[distributed_lock(key = "parse:<input>")]

@@ -18,18 +18,8 @@ use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 pub(crate) struct MemoryBackend {
     state: Arc<Mutex<MemoryState>>,
     capabilities: Capabilities,
-}
-
-impl Default for MemoryBackend {
-    fn default() -> Self {
-        let capabilities = Capabilities {
-            fair_queue: true,
-            wake_ups: WakeUps::Exact,
-            fencing: Fencing::Monotonic,
-            replica_acks: false,
-        };
-        Self { state: Arc::default(), capabilities }
-    }
+    /// The client's owner name, in every record it writes.
+    owner: Arc<str>,
 }
 
 /// Everything keyed by the lock's record key.
@@ -59,7 +49,10 @@ struct Record {
     /// `None` while kept by `min_hold` after release: held, by nobody.
     token: Option<String>,
     fence: u64,
+    owner: Arc<str>,
     metadata: String,
+    /// When the grant (or the hand-over) was made: renewals leave it.
+    granted: Instant,
     expires_at: Instant,
 }
 
@@ -68,6 +61,7 @@ struct Waiter {
     token: String,
     expires_at: Instant,
     lease: Duration,
+    owner: Arc<str>,
     metadata: String,
 }
 
@@ -130,8 +124,14 @@ impl MemoryState {
             }
         };
         let fence = self.next_fence(keys, heir.lease);
-        let record =
-            Record { token: Some(heir.token.clone()), fence, metadata: heir.metadata, expires_at: now + heir.lease };
+        let record = Record {
+            token: Some(heir.token.clone()),
+            fence,
+            owner: heir.owner,
+            metadata: heir.metadata,
+            granted: now,
+            expires_at: now + heir.lease,
+        };
         self.records.insert(keys.record.clone(), record);
         if let Some(channel) = self.channels.get(&keys.channel()) {
             channel.tx.send_replace(Announcement::hand_over(&heir.token, Hold { fence, lease: heir.lease }));
@@ -139,7 +139,7 @@ impl MemoryState {
         Some(heir.token)
     }
 
-    fn enqueue(&mut self, keys: &LockKeys, token: &LockToken, queueing: Queueing, metadata: &str) {
+    fn enqueue(&mut self, keys: &LockKeys, token: &LockToken, queueing: Queueing, owner: &Arc<str>, metadata: &str) {
         let queue = self.queues.entry(keys.record.clone()).or_default();
         let expires_at = Instant::now() + queueing.register;
         match queue.iter_mut().find(|w| w.token == token.as_str()) {
@@ -151,6 +151,7 @@ impl MemoryState {
                 token: token.as_str().to_owned(),
                 expires_at,
                 lease: queueing.lease,
+                owner: Arc::clone(owner),
                 metadata: metadata.to_owned(),
             }),
         }
@@ -167,6 +168,17 @@ impl MemoryState {
 }
 
 impl MemoryBackend {
+    /// An empty store whose records name `owner`.
+    pub(crate) fn new(owner: Arc<str>) -> Self {
+        let capabilities = Capabilities {
+            fair_queue: true,
+            wake_ups: WakeUps::Exact,
+            fencing: Fencing::Monotonic,
+            replica_acks: false,
+        };
+        Self { state: Arc::default(), capabilities, owner }
+    }
+
     /// Whether anyone is queued for the record `record`.
     #[cfg(test)]
     pub(crate) fn has_queue(&self, record: &str) -> bool {
@@ -176,7 +188,7 @@ impl MemoryBackend {
     /// The same store claiming fewer guarantees, so the engine's paths for stores without them are tested.
     #[cfg(test)]
     pub(crate) fn with_capabilities(capabilities: Capabilities) -> Self {
-        Self { capabilities, ..Self::default() }
+        Self { capabilities, ..Self::new("test".into()) }
     }
 
     /// What the store holds for the record `record` right now, without touching it: the owner's token
@@ -219,16 +231,19 @@ impl Store for MemoryBackend {
             }
             let (fence, remaining) = (held.fence, held.expires_at.saturating_duration_since(Instant::now()));
             if let Some(queueing) = queueing {
-                state.enqueue(keys, token, queueing, metadata);
+                state.enqueue(keys, token, queueing, &self.owner, metadata);
             }
             return Ok(Attempt::Busy { fence, remaining: Some(remaining) });
         }
         let fence = state.next_fence(keys, ttl);
+        let now = Instant::now();
         let record = Record {
             token: Some(token.as_str().to_owned()),
             fence,
+            owner: Arc::clone(&self.owner),
             metadata: metadata.to_owned(),
-            expires_at: Instant::now() + ttl,
+            granted: now,
+            expires_at: now + ttl,
         };
         state.records.insert(keys.record.clone(), record);
         Ok(Attempt::Granted(Hold { fence, lease: ttl }))
@@ -296,10 +311,13 @@ impl Store for MemoryBackend {
     async fn info(&self, keys: &LockKeys) -> Result<Option<LockInfo>, LockError> {
         let mut state = self.state();
         let waiting = state.queues.get(&keys.record).map_or(0, VecDeque::len);
+        let now = Instant::now();
         Ok(state.live(&keys.record).map(|r| LockInfo {
+            owner: r.owner.to_string(),
             metadata: r.metadata.clone(),
             fencing_token: r.fence,
-            remaining_ttl: r.expires_at.saturating_duration_since(Instant::now()),
+            held_for: now.saturating_duration_since(r.granted),
+            remaining_ttl: r.expires_at.saturating_duration_since(now),
             waiting,
         }))
     }
@@ -343,8 +361,36 @@ mod tests {
     use std::time::Duration;
 
     use super::{MemoryBackend, FENCE_RETENTION, SWEEP_FROM};
-    use crate::backend::{Attempt, LockKeys, Store};
-    use crate::LockToken;
+    use crate::backend::{Attempt, LockKeys, Queueing, Store};
+    use crate::{LockToken, ReleaseOutcome};
+
+    /// A record names its grant's owner and time; a renewal keeps the time, and a hand-over is a new grant of
+    /// the heir's, with the owner and metadata the heir queued with (two owners sharing one store here, as
+    /// two processes share a Redis).
+    #[tokio::test(start_paused = true)]
+    async fn records_carry_the_grants_owner_and_time_through_renewals_and_hand_overs() {
+        let ttl = Duration::from_secs(10);
+        let alpha = MemoryBackend::new("alpha".into());
+        let beta = MemoryBackend { owner: "beta".into(), ..alpha.clone() };
+        let keys = LockKeys::new("t:", "k".into());
+        let (a, b) = (LockToken::random(), LockToken::random());
+        assert!(matches!(alpha.acquire(&keys, &a, ttl, "first", None).await.unwrap(), Attempt::Granted(_)));
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert!(alpha.renew(&keys, &a, ttl).await.unwrap());
+        let info = alpha.info(&keys).await.unwrap().expect("held");
+        assert_eq!((info.owner.as_str(), info.metadata.as_str()), ("alpha", "first"));
+        assert_eq!(info.held_for, Duration::from_secs(3), "since the grant, not the renewal");
+        assert_eq!(info.remaining_ttl, ttl);
+
+        let queueing = Some(Queueing { register: ttl, lease: ttl });
+        assert!(matches!(beta.acquire(&keys, &b, ttl, "second", queueing).await.unwrap(), Attempt::Busy { .. }));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(alpha.release(&keys, &a, None).await.unwrap(), ReleaseOutcome::Released);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let info = alpha.info(&keys).await.unwrap().expect("handed over");
+        assert_eq!((info.owner.as_str(), info.metadata.as_str()), ("beta", "second"));
+        assert_eq!(info.held_for, Duration::from_secs(2), "a hand-over is a new grant");
+    }
 
     /// The in-process store keeps the Redis store's promise: tokens rise across a new store (a new process)
     /// and within one, and a released lock leaves nothing behind once its retention has passed.
@@ -363,12 +409,12 @@ mod tests {
                 }
             }
         };
-        let first = MemoryBackend::default();
+        let first = MemoryBackend::new("test".into());
         let a = grant(&first, "k").await;
         let b = grant(&first, "k").await;
         assert!(b > a, "{b} after {a}");
         // A new store knows nothing of the old one's tokens, as a Redis restart without persistence.
-        let c = grant(&MemoryBackend::default(), "k").await;
+        let c = grant(&MemoryBackend::new("test".into()), "k").await;
         assert!(c > b, "{c} after {b} in a new store");
         assert!(c < 1 << 53, "tokens stay exact in JSON: {c}");
 

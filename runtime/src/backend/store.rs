@@ -47,7 +47,9 @@ pub(crate) trait Store {
     fn capabilities(&self) -> Capabilities;
 
     /// One attempt; while waiting, `queueing` keeps this token's place in the queue (only with a fair queue).
-    /// A hand-over made to `token` is claimed by it and stretched to `ttl`.
+    /// A hand-over made to `token` is claimed by it and stretched to `ttl`. A grant's record names the store's
+    /// owner (its client's), `metadata` and the grant's time by the store's clock; a waiter leaves its owner
+    /// and metadata with its place, for the record of a hand-over to it.
     async fn acquire(
         &self,
         keys: &LockKeys,

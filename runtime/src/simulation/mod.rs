@@ -222,7 +222,8 @@ impl World {
             replied: vec![0; clients],
             hubs: Default::default(),
         };
-        let memory = MemoryBackend::default();
+        // One store for every simulated client; the owner it records is not what the simulation checks.
+        let memory = MemoryBackend::new("simulation".into());
         Self { config, memory, start: now, state: Mutex::new(state), turn: tokio::sync::Notify::new() }
     }
 

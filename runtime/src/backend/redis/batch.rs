@@ -19,10 +19,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
-use redis::{Cmd, Value};
+use redis::{Cmd, RedisWrite, Value};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::scripts::record::write_holder;
 use super::scripts::reply::FAILED;
 use super::scripts::{LuaScript, ACQUIRE, BATCH, RELEASE};
 use super::window::Window;
@@ -36,11 +37,14 @@ const MAX_OPS: usize = 64;
 /// only once it has to wait in the queue.
 #[derive(Debug)]
 pub(super) enum Op<'a> {
-    /// ARGV of [`ACQUIRE`]: token, ttl ms, metadata, register ms (0: do not queue), hand-over lease ms.
+    /// ARGV of [`ACQUIRE`]: token, ttl ms, holder (owner and metadata), register ms (0: do not queue),
+    /// hand-over lease ms.
     Acquire {
         record: Cow<'a, str>,
         token: LockToken,
         ttl_ms: u64,
+        /// The client's owner name: shared, so an operation that has to queue copies no more than before.
+        owner: Arc<str>,
         metadata: Cow<'a, str>,
         register_ms: u64,
         lease_ms: u64,
@@ -52,10 +56,11 @@ pub(super) enum Op<'a> {
 impl Op<'_> {
     fn into_owned(self) -> Op<'static> {
         match self {
-            Op::Acquire { record, token, ttl_ms, metadata, register_ms, lease_ms } => Op::Acquire {
+            Op::Acquire { record, token, ttl_ms, owner, metadata, register_ms, lease_ms } => Op::Acquire {
                 record: Cow::Owned(record.into_owned()),
                 token,
                 ttl_ms,
+                owner,
                 metadata: Cow::Owned(metadata.into_owned()),
                 register_ms,
                 lease_ms,
@@ -92,8 +97,9 @@ impl Op<'_> {
     /// The arguments the scripts need, trailing zeroes left out (the scripts default them).
     fn write_args(&self, cmd: &mut Cmd) {
         match self {
-            Op::Acquire { token, ttl_ms, metadata, register_ms, lease_ms, .. } => {
-                cmd.arg(token.as_str()).arg(ttl_ms).arg(metadata.as_ref());
+            Op::Acquire { token, ttl_ms, owner, metadata, register_ms, lease_ms, .. } => {
+                cmd.arg(token.as_str()).arg(ttl_ms);
+                write_holder(&mut cmd.writer_for_next_arg(), owner, metadata);
                 if *register_ms > 0 {
                     cmd.arg(register_ms).arg(lease_ms);
                 }

@@ -60,6 +60,7 @@ fn acquire(record: &str) -> Op<'static> {
         record: Cow::Owned(record.to_owned()),
         token: LockToken::random(),
         ttl_ms: 1000,
+        owner: "test-owner".into(),
         metadata: Cow::Borrowed(""),
         register_ms: 0,
         lease_ms: 0,

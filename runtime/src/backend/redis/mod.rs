@@ -2,6 +2,7 @@
 //! through KEYS and ARGV. Waiters queue in Redis and hear hand-overs on one shared RESP3 subscriber connection.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -15,6 +16,7 @@ use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 use self::batch::{Coalescer, Op, Reply};
 use self::config_errors::{database_error, url_error};
 use self::link::{Link, Rebuilding};
+use self::scripts::record::split_holder;
 use self::scripts::reply::{attempt_of, release_outcome, remaining_of, renew_outcome, withdrawn};
 use self::scripts::{LuaScript, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY, WITHDRAW};
 use self::subscriber::Subscriber;
@@ -34,6 +36,8 @@ const RENEWALS_PER_CALL: usize = 256;
 pub(crate) struct ConnectSettings<'a> {
     pub(crate) timeouts: Timeouts,
     pub(crate) prefix: &'a str,
+    /// Who this client is, in every record it writes.
+    pub(crate) owner: &'a str,
     pub(crate) allow_insecure_tls: bool,
     pub(crate) replicas: Option<ReplicaAcks>,
 }
@@ -55,7 +59,7 @@ pub(crate) struct Timeouts {
 /// Where acquires and releases go: on one server, through the coalescer (concurrent ones share a script call);
 /// on a cluster, each in its own call (a call's keys must share one slot, and concurrent operations rarely do).
 enum Hot {
-    Coalesced(std::sync::Arc<Coalescer<Link>>),
+    Coalesced(Arc<Coalescer<Link>>),
     Direct(Link),
 }
 
@@ -76,6 +80,8 @@ pub(crate) struct RedisBackend {
     hot: Hot,
     subscriber: Subscriber,
     replicas: Option<ReplicaAcks>,
+    /// The client's owner name, in every record it writes.
+    owner: Arc<str>,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -135,7 +141,8 @@ impl RedisBackend {
         let subscriber = Subscriber::new(resp3, timeouts);
         let commands = Link::One(commands);
         let hot = Hot::Coalesced(Coalescer::new(commands.clone()));
-        let backend = Self { server, commands, hot, subscriber, replicas: settings.replicas };
+        let backend =
+            Self { server, commands, hot, subscriber, replicas: settings.replicas, owner: settings.owner.into() };
         backend.probe(settings.prefix).await?;
         Ok(backend)
     }
@@ -179,8 +186,8 @@ impl RedisBackend {
         link.on_rebuilt(subscriber.after_reconnect());
         let link = Link::Cluster(link);
         subscriber.use_connection(link.clone());
-        let backend =
-            Self { server, commands: link.clone(), hot: Hot::Direct(link), subscriber, replicas: settings.replicas };
+        let (hot, owner) = (Hot::Direct(link.clone()), settings.owner.into());
+        let backend = Self { server, commands: link, hot, subscriber, replicas: settings.replicas, owner };
         backend.probe(settings.prefix).await?;
         Ok(backend)
     }
@@ -214,7 +221,7 @@ impl RedisBackend {
         let name = String::from(service);
         let sentinel = SentinelClient::build(infos, name, Some(node), SentinelServerType::Master)
             .map_err(|e| url_error(&server, &e))?;
-        let sentinel = std::sync::Arc::new(tokio::sync::Mutex::new(sentinel));
+        let sentinel = Arc::new(tokio::sync::Mutex::new(sentinel));
         let subscriber = Subscriber::given(timeouts);
         let config = manager_config(timeouts).set_push_sender(subscriber.push_handler()).set_automatic_resubscription();
         let connect: link::Connect<ConnectionManager> = Box::new(move || {
@@ -240,7 +247,8 @@ impl RedisBackend {
         let link = Link::Sentinel(link);
         subscriber.use_connection(link.clone());
         let hot = Hot::Coalesced(Coalescer::new(link.clone()));
-        let backend = Self { server, commands: link, hot, subscriber, replicas: settings.replicas };
+        let backend =
+            Self { server, commands: link, hot, subscriber, replicas: settings.replicas, owner: settings.owner.into() };
         backend.probe(settings.prefix).await?;
         Ok(backend)
     }
@@ -451,6 +459,7 @@ impl Store for RedisBackend {
             record: Cow::Borrowed(&keys.record),
             token: token.clone(),
             ttl_ms: millis(ttl),
+            owner: Arc::clone(&self.owner),
             metadata: Cow::Borrowed(metadata),
             register_ms: register,
             lease_ms: lease,
@@ -557,17 +566,23 @@ impl Store for RedisBackend {
         remaining_of(pttl).map_err(|e| self.error(keys, e))
     }
 
-    /// INFO replies `{metadata, fence, PTTL, queue length}`: the script splits the record
-    /// `<token><mark><fence>:<metadata>` (scripts.rs, "The record") and sends everything but the token.
+    /// INFO replies `{holder, fence, µs since the grant, PTTL, queue length}`: the script splits the record
+    /// `<token><mark><fence>:<granted>:<holder>` (scripts.rs, "The record"), sends everything but the token, and
+    /// the grant's age by the server's clock; the holder field is split here.
     async fn info(&self, keys: &LockKeys) -> Result<Option<LockInfo>, LockError> {
-        let info: Option<(String, u64, i64, usize)> = self
+        let info: Option<(String, u64, i64, i64, usize)> = self
             .eval(&INFO, keys, |c| {
                 c.arg(1).arg(&keys.record);
             })
             .await?;
-        Ok(info.map(|(metadata, fencing_token, pttl, waiting)| LockInfo {
-            metadata,
+        let Some((holder, fencing_token, held_us, pttl, waiting)) = info else { return Ok(None) };
+        let (owner, metadata) = split_holder(&holder).ok_or_else(|| self.error(keys, unexpected_reply()))?;
+        Ok(Some(LockInfo {
+            owner: owner.to_owned(),
+            metadata: metadata.to_owned(),
             fencing_token,
+            // A step back of the server's clock since the grant reads as a grant made just now.
+            held_for: Duration::from_micros(held_us.max(0) as u64),
             remaining_ttl: Duration::from_millis(pttl.max(0) as u64),
             waiting,
         }))

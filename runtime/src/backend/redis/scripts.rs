@@ -8,7 +8,7 @@
 //! KEYS[1] is always the lock's record, `R` = `<prefix>{<escaped key>}`. The scripts also reach keys named
 //! after it that they do not receive in KEYS: `R:fence` the last fencing token (kept for a retention, see
 //! `fence.lua`), `R:queue` the wait queue (a sorted set of waiter tokens in arrival order),
-//! `R:waiter:<token>` each waiter's details (`<hand-over lease ms>:<metadata>`, which Redis expires when the
+//! `R:waiter:<token>` each waiter's details (`<hand-over lease ms>:<holder>`, which Redis expires when the
 //! waiter stops refreshing its place), and they publish on the channel `R:released`. A hand-over reaches the
 //! heir's `R:waiter:<heir>`, which the caller cannot name in advance, so not every key could be declared
 //! anyway. Every derived key starts with `R` and so carries its hash tag `{<escaped key>}`, the only braces
@@ -26,10 +26,21 @@
 //!
 //! # The record
 //!
-//! One string, `<token><mark><fence>:<metadata>` ([`record`]): cheaper for Redis than a hash, and the
+//! One string, `<token><mark><fence>:<granted>:<holder>` ([`record`]): cheaper for Redis than a hash, and the
 //! 32-character token at its start is all that renew and release compare. The mark is `:`, or `+` once a
 //! waiter may have queued behind this holder: only then does a release look at the queue. While
 //! `min_hold` keeps a released lock, the token is replaced by dashes, which no hex token can equal.
+//! `<granted>` is the server's clock in µs when the grant (or hand-over) was made, read with the fencing token;
+//! `<holder>` is the client's text, `<owner's length in bytes>:<owner><metadata>`
+//! ([`record::write_holder`]), which a waiter also leaves in its `R:waiter:<token>`, so that a hand-over
+//! writes the heir's owner and metadata. The length prefix lets both be any text; the scripts never split it.
+//!
+//! What the grant time and owner cost Redis: nothing this machine can resolve. Measured with `redis-benchmark`
+//! on a private redis-server 7.0 (EVALSHA of ACQUIRE granting free locks of random keys, 8 clients, pipelines
+//! of 16, 100 000 calls a run, `INFO commandstats` usec_per_call, 40 interleaved runs alternating which script
+//! goes first, on a shared 2-core machine): 7.9 µs per call before (median; minimum 5.6), 7.6 after (5.8),
+//! with an owner of 19 bytes; the old script against a copy of itself differed by 0.13. The longer
+//! concatenation alone, timed in a Lua loop, costs about 0.05 µs; no command was added.
 //!
 //! A release (or an expiry noticed by an acquire) hands the lock straight to the longest-waiting live waiter
 //! and publishes `<its token>:<fence>:<hand-over lease ms>` on `R:released`: waiters are served in order, and
@@ -38,19 +49,37 @@
 use once_cell::sync::Lazy;
 
 /// Where the fields of a lock record lie, as Lua's 1-based string positions (`record.lua` names the same
-/// values; a unit test ties them together). The record is `<token><mark><fence>:<metadata>`.
-#[cfg_attr(not(test), expect(dead_code, reason = "only the scripts read records; Rust checks their offsets"))]
+/// values; a unit test ties them together), and the holder field the client writes and reads. The record is
+/// `<token><mark><fence>:<granted>:<holder>`.
 pub(super) mod record {
     use crate::token::TOKEN_LEN;
 
-    /// The last character of the owner token: `string.sub(v, 1, TOKEN_END)` is the owner.
+    /// The last character of the grant's token: `string.sub(v, 1, TOKEN_END)` is the token.
+    #[cfg_attr(not(test), expect(dead_code, reason = "only the scripts read records; Rust checks the offset"))]
     pub(in super::super) const TOKEN_END: usize = TOKEN_LEN;
     /// The mark: `:` held, `+` a waiter may be queued behind this holder.
+    #[cfg_attr(not(test), expect(dead_code, reason = "only the scripts read records; Rust checks the offset"))]
     pub(in super::super) const MARK_AT: usize = TOKEN_LEN + 1;
     /// The fencing token's first digit.
+    #[cfg_attr(not(test), expect(dead_code, reason = "only the scripts read records; Rust checks the offset"))]
     pub(in super::super) const FENCE_AT: usize = TOKEN_LEN + 2;
     /// The mark of a record a waiter may be queued behind.
+    #[cfg_attr(not(test), expect(dead_code, reason = "only the scripts read records; Rust checks the mark"))]
     pub(in super::super) const QUEUED_MARK: u8 = b'+';
+
+    /// Writes the holder field, `<owner's length in bytes>:<owner><metadata>`, straight into a command's
+    /// argument (no string built per attempt).
+    pub(in super::super) fn write_holder(out: &mut impl std::io::Write, owner: &str, metadata: &str) {
+        // Writes into a command's buffer, which cannot fail.
+        let _ = write!(out, "{}:{owner}{metadata}", owner.len());
+    }
+
+    /// The owner and metadata in a holder field; `None` if it is not one (not written by this client).
+    pub(in super::super) fn split_holder(holder: &str) -> Option<(&str, &str)> {
+        let (len, rest) = holder.split_once(':')?;
+        let len: usize = len.parse().ok().filter(|_| len.bytes().all(|b| b.is_ascii_digit()))?;
+        Some((rest.get(..len)?, rest.get(len..)?))
+    }
 }
 
 /// What the scripts reply (`record.lua` names the same values; a unit test ties them together). A reply the
@@ -309,6 +338,33 @@ mod tests {
         for script in [&*ACQUIRE, &*BATCH, &*RELEASE] {
             assert!(script.source.contains("'px', px + RETENTION_MS, 'get')"), "{}", script.source);
             assert!(!script.source.contains("'incr'"), "a fence without expiry in\n{}", script.source);
+        }
+    }
+
+    /// The holder field splits back into the owner and metadata written, whatever either holds (the default
+    /// owner's own `:`, digits, a field that looks like another, multi-byte text); what is not one is refused.
+    #[test]
+    fn holder_field_round_trips_any_owner_and_metadata() {
+        let cases = [("web-3:4242", "app::jobs::nightly"), ("12:x", "3:y"), ("é", ""), ("", "m"), ("o", "ü:\n9:")];
+        for (owner, metadata) in cases {
+            let mut field = Vec::new();
+            record::write_holder(&mut field, owner, metadata);
+            let field = String::from_utf8(field).expect("UTF-8");
+            assert_eq!(field, format!("{}:{owner}{metadata}", owner.len()));
+            assert_eq!(record::split_holder(&field), Some((owner, metadata)), "{field}");
+        }
+        for not_a_holder in ["", "abc", "x:abc", "5:abc", "+1:a", "-1:a", "1:é", " 1:a"] {
+            assert_eq!(record::split_holder(not_a_holder), None, "{not_a_holder:?}");
+        }
+    }
+
+    /// Every script that writes a record writes the grant's time beside the fence, and the holder field as
+    /// the client sent it.
+    #[test]
+    fn grants_and_hand_overs_write_the_documented_record() {
+        for script in [&*ACQUIRE, &*BATCH, &*RELEASE] {
+            let writes = script.source.matches(" .. ':' .. now .. ':' .. holder, 'px', ").count();
+            assert_eq!(writes, 2, "a grant's and a hand-over's record in\n{}", script.source);
         }
     }
 

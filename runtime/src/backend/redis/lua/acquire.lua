@@ -1,14 +1,14 @@
 -- ACQUIRE: one attempt at a lock.
 -- KEYS[1]: the record R. Also touches, derived from R (same hash slot): R:fence, R:queue, R:waiter:<token>
 --   (this token's and a hand-over heir's), and publishes on R:released.
--- ARGV: token, ttl ms, metadata[, register ms, hand-over lease ms] (both '0' when left out; register '0':
---   do not queue).
+-- ARGV: token, ttl ms, holder (owner and metadata, see record.lua)[, register ms, hand-over lease ms] (both
+--   '0' when left out; register '0': do not queue).
 -- Reply: {code, fence, ms} as `acquire` returns them: {GRANTED, fence, ttl} or {BUSY, holder's fence, PTTL}.
 -- #include record fence
-local R, token, ttl, meta = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local R, token, ttl, holder = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 -- The common case runs before the other functions are defined: defining them costs time on every call.
 if redis.call('exists', R, R .. ':queue') == 0 then
-  return {GRANTED, grant(R, token, ttl, meta), tonumber(ttl)}
+  return {GRANTED, grant(R, token, ttl, holder), tonumber(ttl)}
 end
 -- #include hand_over queue acquire_fn
-return {acquire(R, token, ttl, meta, ARGV[4] or '0', ARGV[5] or '0')}
+return {acquire(R, token, ttl, holder, ARGV[4] or '0', ARGV[5] or '0')}

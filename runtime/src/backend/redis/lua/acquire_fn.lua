@@ -1,13 +1,13 @@
--- acquire(R, token, ttl ms, metadata, register ms (0: do not queue), hand-over lease ms) → code, fence, ms:
+-- acquire(R, token, ttl ms, holder, register ms (0: do not queue), hand-over lease ms) → code, fence, ms:
 -- GRANTED, fence, ttl: the lock is this token's for ttl from now, granted now or claimed (a hand-over to this
 --   token, made by a release since its last busy attempt or by this call, is stretched to the full ttl);
 -- BUSY, the holder's fence, its PTTL: another grant holds it (and, with register > 0, this token is queued or
 --   refreshed in the queue).
 -- The common case, a free lock nobody waits for, comes first: EXISTS, TIME, SET the fence, SET the record.
 -- Needs grant, hand_over, fence_of and enqueue.
-local function acquire(R, token, ttl, meta, register, lease)
+local function acquire(R, token, ttl, holder, register, lease)
   if redis.call('exists', R, R .. ':queue') == 0 then
-    return GRANTED, grant(R, token, ttl, meta), tonumber(ttl)
+    return GRANTED, grant(R, token, ttl, holder), tonumber(ttl)
   end
   local v = redis.call('get', R)
   if not v and hand_over(R) then v = redis.call('get', R) end
@@ -17,8 +17,8 @@ local function acquire(R, token, ttl, meta, register, lease)
       return GRANTED, fence_of(v), tonumber(ttl)
     end
     register = tonumber(register)
-    if register > 0 then enqueue(R, v, token, register, lease, meta) end
+    if register > 0 then enqueue(R, v, token, register, lease, holder) end
     return BUSY, fence_of(v), redis.call('pttl', R)
   end
-  return GRANTED, grant(R, token, ttl, meta), tonumber(ttl)
+  return GRANTED, grant(R, token, ttl, holder), tonumber(ttl)
 end

@@ -2,8 +2,8 @@
 -- time on the call itself, so under load one call for many operations is what keeps up with plain SET/DEL.
 -- KEYS: each operation's record, in order (each touches its derived keys as ACQUIRE and RELEASE do).
 -- ARGV[1]: one letter per operation; then each operation's arguments, in order:
---   a  acquire: token, ttl ms, metadata
---   q  acquire and queue: token, ttl ms, metadata, register ms, hand-over lease ms
+--   a  acquire: token, ttl ms, holder
+--   q  acquire and queue: token, ttl ms, holder, register ms, hand-over lease ms
 --   r  release: token
 --   k  release but keep: token, keep ms
 -- Reply: three values per operation: {code, fence, ms} as ACQUIRE replies, {code, 0, 0} for a release, or

@@ -1,5 +1,6 @@
 -- hand_over(R) → the heir's token, or nil when nobody waits. Gives the free lock R to the longest-waiting
--- waiter still refreshing its place, for the hand-over lease it registered, and announces
+-- waiter still refreshing its place, for the hand-over lease it registered, as a new grant (its time now,
+-- the holder field the heir registered: its owner and metadata), and announces
 -- `<heir>:<fence>:<lease ms>` on `<R>:released`. Needs next_fence.
 local function hand_over(R)
   local Q = R .. ':queue'
@@ -9,9 +10,9 @@ local function hand_over(R)
     -- A waiter that stopped refreshing its place has no details left: Redis expired them.
     local w = redis.call('getdel', R .. ':waiter:' .. heir)
     if w then
-      local lease, meta = string.match(w, '^(%d+):(.*)$')
-      local _, fence = next_fence(R, lease)
-      redis.call('set', R, heir .. '+' .. fence .. ':' .. meta, 'px', lease)
+      local lease, holder = string.match(w, '^(%d+):(.*)$')
+      local _, fence, now = next_fence(R, lease)
+      redis.call('set', R, heir .. '+' .. fence .. ':' .. now .. ':' .. holder, 'px', lease)
       redis.call('publish', R .. ':released', heir .. ':' .. fence .. ':' .. lease)
       return heir
     end

@@ -1,9 +1,13 @@
 -- INFO: who holds a lock.
 -- KEYS[1]: the record R. Also reads R:queue (same hash slot).
 -- ARGV: none.
--- Reply: {metadata, fence, PTTL, queue length}, or nil when nobody holds the lock.
+-- Reply: {holder, fence, µs since the grant by the server's clock, PTTL, queue length}, or nil when nobody
+--   holds the lock; an error for a value that is not a lock record.
 -- #include record
 local v = redis.call('get', KEYS[1])
 if not v then return nil end
-local fence, meta = string.match(v, '^(%d+):(.*)$', FENCE_AT)
-return {meta or '', tonumber(fence) or 0, redis.call('pttl', KEYS[1]), redis.call('zcard', KEYS[1] .. ':queue')}
+local fence, granted, holder = string.match(v, '^(%d+):(%d+):(.*)$', FENCE_AT)
+if not holder then return redis.error_reply('the value at ' .. KEYS[1] .. ' is not a distlock lock record') end
+local t = redis.call('time')
+local held = t[1] * 1000000 + t[2] - tonumber(granted)
+return {holder, tonumber(fence), held, redis.call('pttl', KEYS[1]), redis.call('zcard', KEYS[1] .. ':queue')}

@@ -2,10 +2,12 @@
 -- is tied to the Rust side (scripts.rs, `record` and `reply`) by a unit test; no other script file may write
 -- these numbers itself.
 --
--- The record, at KEYS[1], is one string: <token><mark><fence>:<metadata>, where <token> is the holder's
--- 32-hex-digit owner token, <mark> is ':' (nobody queued behind this holder) or '+' (a waiter may have),
--- <fence> the grant's fencing token in decimal. While `min_hold` keeps a released lock, <token> is
--- NOBODY, which no hex token can equal.
+-- The record, at KEYS[1], is one string: <token><mark><fence>:<granted>:<holder>, where <token> is the
+-- holder's 32-hex-digit owner token, <mark> is ':' (nobody queued behind this holder) or '+' (a waiter may
+-- have), <fence> the grant's fencing token in decimal, <granted> the server's clock in µs at the grant (a
+-- hand-over is a new grant; renewals leave it), and <holder> the text the client sent with its attempt,
+-- `<owner's length in bytes>:<owner><metadata>`, which the scripts never look into. While `min_hold` keeps a
+-- released lock, <token> is NOBODY, which no hex token can equal.
 local TOKEN_END = 32
 local MARK_AT = 33
 local FENCE_AT = 34
