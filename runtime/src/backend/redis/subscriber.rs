@@ -8,8 +8,9 @@ use redis::aio::ConnectionManager;
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::watch;
 
+use super::connect::manager_config;
 use super::link::Link;
-use super::{manager_config, Timeouts};
+use super::Timeouts;
 use crate::backend::{Announcement, ReleaseWatch, WAKE_ALL};
 use crate::LockToken;
 

@@ -1,0 +1,242 @@
+//! Connecting: to one server, to a Redis Cluster, or to the primary Redis Sentinel names; the connection
+//! settings every kind shares; and the startup probe that makes a wrong address or a missing right fail at
+//! `build()`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::io::tcp::TcpSettings;
+use redis::{IntoConnectionInfo, ProtocolVersion};
+
+use super::batch::Coalescer;
+use super::config_errors::{database_error, url_error};
+use super::link::{self, Link, Rebuilding};
+use super::scripts::{self, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY};
+use super::subscriber::Subscriber;
+use super::{timeout_error, ConnectSettings, Hot, RedisBackend, Timeouts};
+use crate::backend::{Attempt, LockKeys, Queueing, Store};
+use crate::error::{redact_url, BackendError};
+use crate::{LockError, LockToken};
+
+impl RedisBackend {
+    /// Connects and checks the server answers PING; the error names the URL with the password redacted.
+    pub(crate) async fn connect(url: &str, settings: ConnectSettings<'_>) -> Result<Self, LockError> {
+        let timeouts = settings.timeouts;
+        let server = redact_url(url);
+        refuse_unchecked_tls(url, &settings)?;
+        let info = connection_info(url, &server)?;
+        let client = redis::Client::open(info.clone()).map_err(|e| url_error(&server, &e))?;
+        let connect = ConnectionManager::new_with_config(client, manager_config(timeouts));
+        let connected = tokio::time::timeout(timeouts.connect * 2, connect)
+            .await
+            .map_err(|_| BackendError::new(&server, None, timeout_error("connect")))?;
+        let mut commands = match connected {
+            Ok(commands) => commands,
+            Err(e) if e.to_string().contains("DB index is out of range") => {
+                return Err(database_error(&server, &info, e, timeouts).await.into())
+            }
+            Err(e) => return Err(BackendError::new(&server, None, e).into()),
+        };
+        let pong: String =
+            redis::cmd("PING").query_async(&mut commands).await.map_err(|e| BackendError::new(&server, None, e))?;
+        debug_assert_eq!(pong, "PONG");
+        let resp3 = info.clone().set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
+        let subscriber = Subscriber::new(resp3, timeouts);
+        let commands = Link::One(commands);
+        let hot = Hot::Coalesced(Coalescer::new(commands.clone()));
+        let backend =
+            Self { server, commands, hot, subscriber, replicas: settings.replicas, owner: settings.owner.into() };
+        backend.probe(settings.prefix).await?;
+        Ok(backend)
+    }
+
+    /// Connects to a Redis Cluster through `seeds` (any of its nodes) and checks it as [`connect`](Self::connect)
+    /// checks one server. One RESP3 cluster connection carries the scripts and the subscriptions.
+    pub(crate) async fn connect_cluster(seeds: &[String], settings: ConnectSettings<'_>) -> Result<Self, LockError> {
+        let timeouts = settings.timeouts;
+        let server = format!("cluster {}", seeds.iter().map(|s| redact_url(s)).collect::<Vec<_>>().join(", "));
+        if seeds.is_empty() {
+            return Err(LockError::InvalidConfig("redis_cluster needs at least one node URL to start from".into()));
+        }
+        let mut infos = Vec::with_capacity(seeds.len());
+        for seed in seeds {
+            refuse_unchecked_tls(seed, &settings)?;
+            infos.push(connection_info(seed, &redact_url(seed))?);
+        }
+        let subscriber = Subscriber::given(timeouts);
+        // The crate's defaults wait at least 1.28 s between retries and bound a whole call by one attempt's
+        // timeout: set both, so a call in flight completes soon after a replica is promoted.
+        let client = redis::cluster::ClusterClientBuilder::new(infos)
+            .use_protocol(ProtocolVersion::RESP3)
+            .push_sender(subscriber.push_handler())
+            .connection_timeout(timeouts.connect)
+            .response_timeout(timeouts.response)
+            .overall_response_timeout(Some(timeouts.response * 2))
+            .retries(4)
+            .min_retry_wait(10)
+            .max_retry_wait(500)
+            .build()
+            .map_err(|e| url_error(&server, &e))?;
+        let conn = tokio::time::timeout(timeouts.connect * 2, client.get_async_connection())
+            .await
+            .map_err(|_| BackendError::new(&server, None, timeout_error("connect")))?
+            .map_err(|e| BackendError::new(&server, None, e))?;
+        let connect: link::Connect<redis::cluster_async::ClusterConnection> = Box::new(move || {
+            let client = client.clone();
+            Box::pin(async move { client.get_async_connection().await })
+        });
+        let link = Rebuilding::new(conn, connect, link::cluster_stale, timeouts.connect, server.clone());
+        link.on_rebuilt(subscriber.after_reconnect());
+        let link = Link::Cluster(link);
+        subscriber.use_connection(link.clone());
+        let (hot, owner) = (Hot::Direct(link.clone()), settings.owner.into());
+        let backend = Self { server, commands: link, hot, subscriber, replicas: settings.replicas, owner };
+        backend.probe(settings.prefix).await?;
+        Ok(backend)
+    }
+
+    /// Connects to the primary that the sentinels at `sentinels` name for `service`, and follows it: when it
+    /// fails, times out or refuses writes (demoted), the client asks the sentinels again and reconnects, its
+    /// waiters retry and its subscriptions are restored. One RESP3 connection carries the scripts and the
+    /// subscriptions.
+    pub(crate) async fn connect_sentinel(
+        sentinels: &[String],
+        service: &str,
+        settings: ConnectSettings<'_>,
+    ) -> Result<Self, LockError> {
+        use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+        let timeouts = settings.timeouts;
+        let listed = sentinels.iter().map(|s| redact_url(s)).collect::<Vec<_>>().join(", ");
+        let server = format!("service `{service}` via sentinels {listed}");
+        if sentinels.is_empty() {
+            return Err(LockError::InvalidConfig("redis_sentinel needs at least one sentinel URL".into()));
+        }
+        let mut infos = Vec::with_capacity(sentinels.len());
+        for url in sentinels {
+            refuse_unchecked_tls(url, &settings)?;
+            infos.push(connection_info(url, &redact_url(url))?);
+        }
+        // The primary is spoken to in RESP3, so the one connection also receives the release announcements.
+        let node = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(redis::RedisConnectionInfo::default().set_protocol(ProtocolVersion::RESP3))
+            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+        // An owned name: what `build` takes without the redis crate's TLS feature (with it, any `AsRef<str>`).
+        let name = String::from(service);
+        let sentinel = SentinelClient::build(infos, name, Some(node), SentinelServerType::Master)
+            .map_err(|e| url_error(&server, &e))?;
+        let sentinel = Arc::new(tokio::sync::Mutex::new(sentinel));
+        let subscriber = Subscriber::given(timeouts);
+        let config = manager_config(timeouts).set_push_sender(subscriber.push_handler()).set_automatic_resubscription();
+        let connect: link::Connect<ConnectionManager> = Box::new(move || {
+            let (sentinel, config) = (sentinel.clone(), config.clone());
+            Box::pin(async move {
+                let primary = sentinel.lock().await.async_get_client().await?;
+                ConnectionManager::new_with_config(primary, config).await
+            })
+        });
+        let conn = match tokio::time::timeout(timeouts.connect * 2, connect()).await {
+            Err(_) => return Err(BackendError::new(&server, None, timeout_error("connect")).into()),
+            Ok(Err(e)) if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel => {
+                return Err(LockError::InvalidConfig(format!(
+                    "the sentinels {listed} know no service named `{service}`: check the name \
+                     (`SENTINEL MASTERS` on a sentinel lists the services it monitors)"
+                )))
+            }
+            Ok(Err(e)) => return Err(BackendError::new(&server, None, e).into()),
+            Ok(Ok(conn)) => conn,
+        };
+        let link = Rebuilding::new(conn, connect, link::sentinel_stale, timeouts.connect, server.clone());
+        link.on_rebuilt(subscriber.after_reconnect());
+        let link = Link::Sentinel(link);
+        subscriber.use_connection(link.clone());
+        let hot = Hot::Coalesced(Coalescer::new(link.clone()));
+        let backend =
+            Self { server, commands: link, hot, subscriber, replicas: settings.replicas, owner: settings.owner.into() };
+        backend.probe(settings.prefix).await?;
+        Ok(backend)
+    }
+
+    /// Takes and gives back a probe lock, so a missing ACL right or a cluster address fails at startup with an
+    /// explanation instead of at the first real lock; warns when Redis may evict lock records.
+    async fn probe(&self, prefix: &str) -> Result<(), LockError> {
+        let mut conn = self.commands.clone();
+        let cluster: Option<String> = redis::cmd("INFO").arg("cluster").query_async(&mut conn).await.ok();
+        if !self.commands.is_cluster() && cluster.is_some_and(|info| info.contains("cluster_enabled:1")) {
+            return Err(LockError::InvalidConfig(format!(
+                "{} is a Redis Cluster node; ClientBuilder::redis talks to one Redis server (a standalone server \
+                 or a replicated primary). For a cluster, use ClientBuilder::redis_cluster(seeds)",
+                self.server
+            )));
+        }
+        let memory: Option<String> = redis::cmd("INFO").arg("memory").query_async(&mut conn).await.ok();
+        let policy = memory.as_deref().and_then(|info| {
+            info.lines().find_map(|line| line.strip_prefix("maxmemory_policy:")).map(|p| p.trim().to_owned())
+        });
+        if let Some(policy) = policy.filter(|p| p != "noeviction") {
+            tracing::warn!(
+                server = %self.server,
+                %policy,
+                "distlock: maxmemory-policy is not noeviction: under memory pressure Redis may evict lock records, \
+                 and a holder then loses its lock at its next renewal. Set maxmemory-policy noeviction"
+            );
+        }
+        self.probe_lock_cycle(prefix).await?;
+        // Cached now, so the first burst of renewals after a restart of this process needs no EVAL fallback.
+        for script in [&*RENEW, &*RENEW_MANY, &*REMAINING, &*INFO, &*FORCE_UNLOCK, &*scripts::BATCH] {
+            let _: redis::RedisResult<String> =
+                redis::cmd("SCRIPT").arg("LOAD").arg(script.source).query_async(&mut conn).await;
+        }
+        Ok(())
+    }
+
+    /// Every command a lock's life uses, once: listen, take, queue a second owner, release (handing over,
+    /// which publishes), and clean up. Another process probing at the same moment only makes this a no-op.
+    async fn probe_lock_cycle(&self, prefix: &str) -> Result<(), LockError> {
+        let keys = LockKeys::new(prefix, format!("distlock-startup-probe:{}", LockToken::random().as_str()));
+        let (holder, waiter) = (LockToken::random(), LockToken::random());
+        let lease = Duration::from_secs(5);
+        let queueing = Queueing { register: lease, lease };
+        let _listening = self.watch_releases(&keys, &waiter).await?;
+        if let Attempt::Granted(_) = self.acquire(&keys, &holder, lease, "startup probe", None).await? {
+            self.acquire(&keys, &waiter, lease, "startup probe", Some(queueing)).await?;
+            self.release(&keys, &holder, None).await?;
+            if self.withdraw(&keys, &waiter).await?.is_some() {
+                self.release(&keys, &waiter, None).await?;
+            }
+        }
+        // The probe's own fencing counter is the one key it leaves behind; don't.
+        let mut conn = self.commands.clone();
+        let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(keys.fence()).query_async(&mut conn).await;
+        Ok(())
+    }
+}
+
+/// A `#insecure` URL turns off certificate checks: refused unless the builder opted in.
+fn refuse_unchecked_tls(url: &str, settings: &ConnectSettings<'_>) -> Result<(), LockError> {
+    if url.trim_end().ends_with("#insecure") && !settings.allow_insecure_tls {
+        return Err(LockError::InvalidConfig(format!(
+            "{} turns off TLS certificate checks; a lock server reached without them can be impersonated. \
+             Remove `#insecure`, or opt in with ClientBuilder::allow_insecure_tls(true)",
+            redact_url(url)
+        )));
+    }
+    Ok(())
+}
+
+pub(super) fn manager_config(timeouts: Timeouts) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeouts.connect))
+        .set_response_timeout(Some(timeouts.response))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500))
+}
+
+/// The connection settings for `url` (`server` is its redacted form, for the error).
+pub(super) fn connection_info(url: &str, server: &str) -> Result<redis::ConnectionInfo, LockError> {
+    let info = url.into_connection_info().map_err(|e| url_error(server, &e))?;
+    // Nagle's algorithm holds a small write back while an earlier one is unacknowledged: with several calls in
+    // flight on one connection, a request would wait for an earlier reply (a round trip) or the server's delayed
+    // ACK. Redis sends its replies with TCP_NODELAY; both of our connections send with it too.
+    Ok(info.set_tcp_settings(TcpSettings::default().set_nodelay(true)))
+}
