@@ -55,15 +55,9 @@ impl RedisBackend {
     /// checks one server. One RESP3 cluster connection carries the scripts and the subscriptions.
     pub(crate) async fn connect_cluster(seeds: &[String], settings: ConnectSettings<'_>) -> Result<Self, LockError> {
         let timeouts = settings.timeouts;
-        let server = format!("cluster {}", seeds.iter().map(|s| redact_url(s)).collect::<Vec<_>>().join(", "));
-        if seeds.is_empty() {
-            return Err(LockError::InvalidConfig("redis_cluster needs at least one node URL to start from".into()));
-        }
-        let mut infos = Vec::with_capacity(seeds.len());
-        for seed in seeds {
-            refuse_unchecked_tls(seed, &settings)?;
-            infos.push(connection_info(seed, &redact_url(seed))?);
-        }
+        let (infos, listed) =
+            connection_infos(seeds, "redis_cluster needs at least one node URL to start from", &settings)?;
+        let server = format!("cluster {listed}");
         let subscriber = Subscriber::given(timeouts);
         // The crate's defaults wait at least 1.28 s between retries and bound a whole call by one attempt's
         // timeout: set both, so a call in flight completes soon after a replica is promoted.
@@ -107,16 +101,8 @@ impl RedisBackend {
     ) -> Result<Self, LockError> {
         use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
         let timeouts = settings.timeouts;
-        let listed = sentinels.iter().map(|s| redact_url(s)).collect::<Vec<_>>().join(", ");
+        let (infos, listed) = connection_infos(sentinels, "redis_sentinel needs at least one sentinel URL", &settings)?;
         let server = format!("service `{service}` via sentinels {listed}");
-        if sentinels.is_empty() {
-            return Err(LockError::InvalidConfig("redis_sentinel needs at least one sentinel URL".into()));
-        }
-        let mut infos = Vec::with_capacity(sentinels.len());
-        for url in sentinels {
-            refuse_unchecked_tls(url, &settings)?;
-            infos.push(connection_info(url, &redact_url(url))?);
-        }
         // The primary is spoken to in RESP3, so the one connection also receives the release announcements.
         let node = SentinelNodeConnectionInfo::default()
             .set_redis_connection_info(redis::RedisConnectionInfo::default().set_protocol(ProtocolVersion::RESP3))
@@ -222,6 +208,24 @@ fn refuse_unchecked_tls(url: &str, settings: &ConnectSettings<'_>) -> Result<(),
         )));
     }
     Ok(())
+}
+
+/// The connection settings of several URLs (a cluster's seeds, the sentinels), each checked as one server's
+/// would be, and their list with passwords hidden, for messages; `empty` is the error for none at all.
+fn connection_infos(
+    urls: &[String],
+    empty: &str,
+    settings: &ConnectSettings<'_>,
+) -> Result<(Vec<redis::ConnectionInfo>, String), LockError> {
+    if urls.is_empty() {
+        return Err(LockError::InvalidConfig(empty.to_owned()));
+    }
+    let mut infos = Vec::with_capacity(urls.len());
+    for url in urls {
+        refuse_unchecked_tls(url, settings)?;
+        infos.push(connection_info(url, &redact_url(url))?);
+    }
+    Ok((infos, urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>().join(", ")))
 }
 
 pub(super) fn manager_config(timeouts: Timeouts) -> ConnectionManagerConfig {
