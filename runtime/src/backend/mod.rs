@@ -36,7 +36,8 @@ impl LockKeys {
         Self { name, record }
     }
 
-    /// `<prefix>{<key>}:fence`: the last fencing token, kept for the grant's lease plus [`FENCE_RETENTION`].
+    /// `<prefix>{<key>}:fence`: the last fencing token, kept for the grant's lease plus [`FENCE_RETENTION`] (on
+    /// Redis up to two [`FENCE_REFRESH`] longer).
     /// Derived, not stored: a held lock keeps only what its renewals and release need.
     pub(crate) fn fence(&self) -> String {
         format!("{}{FENCE}", self.record)
@@ -53,6 +54,14 @@ impl LockKeys {
 /// `max(last + 1, the server's clock in µs)`, so past this the clock alone keeps tokens rising, and no state of
 /// a released lock outlives it.
 pub(crate) const FENCE_RETENTION: Duration = Duration::from_secs(60);
+
+/// How often, at most, a Redis grant sets the expiry of its lock's last fencing token instead of keeping it:
+/// once per 100 s of the server's clock (the token's digits above 10^8 µs), and on every grant of a lease this
+/// long or longer. So the token is kept at least its lease plus [`FENCE_RETENTION`], at most its lease plus
+/// [`FENCE_RETENTION`] and two of these (`fence.lua` says why).
+// Written into the scripts (fence.lua, record.lua's KEEP_MS); a unit test ties them to this value.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) const FENCE_REFRESH: Duration = Duration::from_secs(100);
 
 /// The suffixes of the lock's derived names the client uses itself. The Redis scripts name these and the
 /// wait queue's keys after the record on their own (a unit test checks they agree).

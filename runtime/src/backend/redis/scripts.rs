@@ -227,7 +227,7 @@ pub(super) static FORCE_UNLOCK: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(in
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{CHANNEL, FENCE, FENCE_RETENTION};
+    use crate::backend::{CHANNEL, FENCE, FENCE_REFRESH, FENCE_RETENTION};
 
     fn all() -> [(&'static str, &'static LuaScript); 9] {
         [
@@ -253,7 +253,7 @@ mod tests {
             ("FENCE_AT", FENCE_AT.to_string()),
             ("QUEUED_MARK", QUEUED_MARK.to_string()),
             ("NOBODY", format!("'{}'", "-".repeat(TOKEN_END))),
-            ("RETENTION_MS", FENCE_RETENTION.as_millis().to_string()),
+            ("KEEP_MS", (FENCE_RETENTION + 2 * FENCE_REFRESH).as_millis().to_string()),
             ("BUSY", BUSY.to_string()),
             ("GRANTED", GRANTED.to_string()),
             ("EXPIRED", EXPIRED.to_string()),
@@ -332,12 +332,20 @@ mod tests {
         }
     }
 
-    /// Every grant keeps the last fencing token for its lease plus the retention the client documents.
+    /// Every grant keeps the last fencing token for its lease plus the retention the client documents: it
+    /// keeps the key's expiry only within one refresh window (the token's digits above 10^8 µs) for a lease
+    /// shorter than it (at most five digits of ms), and otherwise sets it to the lease plus KEEP_MS.
     #[test]
     fn scripts_keep_the_fence_for_the_documented_retention() {
+        assert_eq!(FENCE_REFRESH.as_micros(), 10u128.pow(8), "the window is the token's digits above the 8th");
+        assert_eq!(FENCE_REFRESH.as_millis(), 10u128.pow(5), "a lease shorter than the window has 5 digits of ms");
         for script in [&*ACQUIRE, &*BATCH, &*RELEASE] {
-            assert!(script.source.contains("'px', px + RETENTION_MS, 'get')"), "{}", script.source);
-            assert!(!script.source.contains("'incr'"), "a fence without expiry in\n{}", script.source);
+            let source = &script.source;
+            assert!(source.contains("redis.call('set', F, text, 'keepttl', 'get')"), "{source}");
+            assert!(source.contains("#px <= 5 and"), "{source}");
+            assert!(source.contains("string.sub(last, 1, -9) == string.sub(text, 1, -9)"), "{source}");
+            assert!(source.contains("redis.call('set', F, text, 'px', px + KEEP_MS)"), "{source}");
+            assert!(!source.contains("'incr'"), "a fence without expiry in\n{source}");
         }
     }
 
