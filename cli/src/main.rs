@@ -195,6 +195,12 @@ fn fail(failure: &Failure) -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
+    if cli.server.redlock && matches!(cli.command, Command::Ls { unsorted: true, .. }) {
+        return Err(Failure::new(
+            Exit::Usage,
+            "--unsorted on Redlock would list each lock once per server holding it: leave --unsorted out",
+        ));
+    }
     let client = connect::client(&cli.server).await?;
     match cli.command {
         Command::Ls { pattern, json, unsorted } => commands::ls(&client, &pattern, json, unsorted).await,
