@@ -62,6 +62,12 @@ async fn ls_lists_100_000_held_locks_in_order() {
         }
         eprintln!("distlock {}: {LOCKS} locks in {elapsed:.2?}, peak RSS {} KB", args.join(" "), peak_kb.trim());
     }
+    // What the listings cost Redis, by its own count.
+    let stats: String =
+        redis::cmd("INFO").arg("commandstats").query_async(&mut server.connection().await).await.expect("INFO");
+    for line in stats.lines().filter(|l| l.starts_with("cmdstat_scan:") || l.starts_with("cmdstat_evalsha:")) {
+        eprintln!("{line}");
+    }
     drop(guards);
 }
 
