@@ -201,9 +201,25 @@ pub(crate) async fn release(client: &distlock::Client, key: &str, yes: bool) -> 
         );
         eprint!("Release `{shown}`? [y/N] ");
         let mut answer = String::new();
-        tokio::io::BufReader::new(tokio::io::stdin()).read_line(&mut answer).await?;
+        tokio::io::BufReader::new(tokio::io::stdin()).read_line(&mut answer).await.map_err(|e| {
+            Failure::new(Exit::Refused, format!("not releasing `{shown}`: cannot read the answer: {e}"))
+        })?;
         if !matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") {
             return Err(Failure::new(Exit::Refused, format!("not releasing `{shown}`")));
+        }
+        // The answer may have taken a while: free only the grant that was confirmed, not a later holder's.
+        let now = held(client, key).await?;
+        if (now.fencing_token, &now.owner, &now.metadata) != (row.fencing_token, &row.owner, &row.metadata)
+            || now.held_for_ms < row.held_for_ms
+        {
+            return Err(Failure::new(
+                Exit::Refused,
+                format!(
+                    "not releasing `{shown}`: it changed hands while you answered (now held by {}, fencing token {}); run release again",
+                    printable(&now.owner),
+                    fence(now.fencing_token)
+                ),
+            ));
         }
     }
     if client.force_unlock(key).await? {

@@ -297,3 +297,38 @@ async fn a_missing_acl_right_is_reported() {
     assert_eq!(serde_json::from_slice::<Value>(&listed.stdout).unwrap()[0]["key"], "acl");
     assert_exit(&distlock(&["--url", &as_operator, "show", "acl"], None).await, 0);
 }
+
+/// On a terminal (a pseudo-terminal from util-linux's `script`), `release` asks: "n" keeps the lock, "y" frees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_asks_on_a_terminal() {
+    let server = RedisServer::new();
+    let url = server.url();
+    let client = client(&url, "asked").await;
+    let _guard = client.lock("asked").ttl(TTL).metadata("the nightly run").acquire().await.unwrap();
+    let on_terminal = |answer: &'static str| {
+        let command = format!("{} --url {url} release asked", env!("CARGO_BIN_EXE_distlock"));
+        async move {
+            let mut child = tokio::process::Command::new("script")
+                .args(["-qec", &command, "/dev/null"])
+                .env_remove("REDIS_URL")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("util-linux `script` runs a command on a pseudo-terminal: install util-linux");
+            child.stdin.take().expect("stdin").write_all(answer.as_bytes()).await.expect("answer");
+            tokio::time::timeout(Duration::from_secs(60), child.wait_with_output()).await.expect("hung").expect("wait")
+        }
+    };
+
+    let declined = on_terminal("n\n").await;
+    assert_exit(&declined, 4);
+    let text = stdout(&declined);
+    assert!(text.contains("held by asked (the nightly run)") && text.contains("Release `asked`? [y/N]"), "{text}");
+    assert!(client.lock_info("asked").await.unwrap().is_some(), "declined, yet released");
+
+    let confirmed = on_terminal("y\n").await;
+    assert_exit(&confirmed, 0);
+    assert!(stdout(&confirmed).contains("released `asked`"));
+    assert!(client.lock_info("asked").await.unwrap().is_none(), "confirmed, yet still held");
+}
