@@ -332,3 +332,32 @@ async fn release_asks_on_a_terminal() {
     assert!(stdout(&confirmed).contains("released `asked`"));
     assert!(client.lock_info("asked").await.unwrap().is_none(), "confirmed, yet still held");
 }
+
+/// Ctrl-C (SIGINT) ends `watch` cleanly, with exit code 0, also in the middle of a long interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_ends_cleanly_on_ctrl_c() {
+    let server = RedisServer::new();
+    let url = server.url();
+    let client = client(&url, "watched").await;
+    let _guard = client.lock("ctrl-c").ttl(TTL).acquire().await.unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_distlock"))
+        .args(["--url", &url, "watch", "--interval", "60s"])
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run distlock watch");
+    let mut out = child.stdout.take().expect("stdout");
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("ctrl-c ") {
+        let mut buf = [0; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(30), out.read(&mut buf)).await.expect("first screen").unwrap();
+        assert!(n > 0, "watch ended early: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    distlock_tests::sys::signal(child.id().expect("running"), "INT");
+    let status =
+        tokio::time::timeout(Duration::from_secs(10), child.wait()).await.expect("watch ended on SIGINT").unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}
