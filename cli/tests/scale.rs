@@ -49,6 +49,7 @@ async fn ls_lists_100_000_held_locks_in_order() {
         let elapsed = started.elapsed();
         assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
         let peak_kb = std::fs::read_to_string(&report).unwrap_or_default();
+        let _ = std::fs::remove_file(&report);
         let text = String::from_utf8_lossy(&output.stdout);
         if args == ["ls", "--json"] {
             let listed: serde_json::Value = serde_json::from_str(&text).expect("JSON");
