@@ -102,7 +102,8 @@ fn clock() -> String {
     format!("{:02}:{:02}:{:02}", secs / 3600 % 24, secs / 60 % 60, secs % 60)
 }
 
-/// One screen: on a terminal, drawn over the last; otherwise appended, without escape sequences.
+/// One screen: on a terminal, drawn over the last and cut to its height (the changes first, then as many
+/// locks as fit); otherwise appended in full, without escape sequences.
 fn draw(
     terminal: bool,
     pattern: &str,
@@ -123,22 +124,44 @@ fn draw(
         clock(),
         interval
     )?;
-    let table = Table::new(rows.iter().map(|r| printable(&r.key).chars().count()).max().unwrap_or(0));
-    table.header(&mut out)?;
-    for row in rows {
-        table.row(&mut out, row)?;
-    }
     if !events.is_empty() {
-        writeln!(out, "\nchanges (UTC):")?;
+        writeln!(out, "changes (UTC, latest last):")?;
         for event in events {
             writeln!(out, "  {event}")?;
         }
+    }
+    let table = Table::new(rows.iter().map(|r| printable(&r.key).chars().count()).max().unwrap_or(0));
+    table.header(&mut out)?;
+    // Lines left for rows: the header, the changes and the table's header are out; one stays for the cursor.
+    let used = 2 + if events.is_empty() { 0 } else { events.len() + 1 };
+    let fits = match (terminal, terminal_height()) {
+        (true, Some(height)) => height.saturating_sub(used + 1).max(1),
+        _ => usize::MAX,
+    };
+    let shown = if rows.len() > fits { fits - 1 } else { rows.len() };
+    for row in &rows[..shown] {
+        table.row(&mut out, row)?;
+    }
+    if shown < rows.len() {
+        write!(out, "… and {} more: narrow the pattern, or use `distlock ls`", rows.len() - shown)?;
     }
     if !terminal {
         writeln!(out)?;
     }
     out.flush()?;
     Ok(())
+}
+
+/// The terminal's height in lines, if standard output is one that says.
+#[cfg(unix)]
+fn terminal_height() -> Option<usize> {
+    let size = rustix::termios::tcgetwinsize(std::io::stdout()).ok()?;
+    (size.ws_row > 0).then_some(usize::from(size.ws_row))
+}
+
+#[cfg(not(unix))]
+fn terminal_height() -> Option<usize> {
+    None
 }
 
 #[cfg(test)]

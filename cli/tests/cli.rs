@@ -361,3 +361,31 @@ async fn watch_ends_cleanly_on_ctrl_c() {
         tokio::time::timeout(Duration::from_secs(10), child.wait()).await.expect("watch ended on SIGINT").unwrap();
     assert_eq!(status.code(), Some(0), "{status:?}");
 }
+
+/// On a terminal (a pseudo-terminal of 10 lines from `script`), `watch` draws in place and cuts the table to
+/// the screen, saying how many locks it left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_fits_the_terminal() {
+    let server = RedisServer::new();
+    let url = server.url();
+    let client = client(&url, "many").await;
+    let mut guards = Vec::new();
+    for i in 0..20 {
+        guards.push(client.lock(format!("fit:{i:02}")).ttl(TTL).acquire().await.unwrap());
+    }
+    let command = format!("stty rows 10 cols 200; {} --url {url} watch --count 1", env!("CARGO_BIN_EXE_distlock"));
+    let output = tokio::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("util-linux `script` runs a command on a pseudo-terminal: install util-linux");
+    assert_exit(&output, 0);
+    let text = stdout(&output);
+    assert!(text.starts_with("\x1b[H\x1b[J"), "not drawn in place: {text:?}");
+    let rows = text.lines().filter(|l| l.starts_with("fit:")).count();
+    // 10 lines: the title, the table's header, 6 locks, the "more" line, and the cursor's line.
+    assert_eq!(rows, 6, "{text}");
+    assert!(text.contains("… and 14 more"), "{text}");
+}
