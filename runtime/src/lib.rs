@@ -78,6 +78,7 @@ mod grant;
 mod guard;
 mod held;
 mod hooks;
+mod listing;
 mod request;
 mod token;
 #[cfg(feature = "tower")]
@@ -99,5 +100,6 @@ pub use client::{current_client, install, with_client, Client, ClientBuilder, Lo
 pub use distlock_macros::distributed_lock;
 pub use error::{BackendError, LockError};
 pub use guard::{current_lock, LockGuard, ReleaseOutcome};
+pub use listing::{LockListing, LockWaiter, MAX_WAITERS_LISTED};
 pub use request::{LockRequest, OnLost, RetryStrategy};
 pub use token::LockToken;

@@ -2,6 +2,7 @@
 //! independent servers, or this process's memory, each behind the [`Store`] trait, with the
 //! types the engine and the stores share.
 
+mod listing;
 mod memory;
 mod redis;
 mod redlock;
@@ -10,6 +11,7 @@ mod store;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub(crate) use self::listing::{glob_matches, name_of_record, record_pattern, Place, ScanState, PROBE_NAME_PREFIX};
 pub(crate) use self::memory::MemoryBackend;
 pub(crate) use self::redis::{ConnectSettings, RedisBackend, ReplicaAcks, Timeouts};
 pub(crate) use self::redlock::RedlockBackend;
@@ -264,6 +266,14 @@ impl Store for Backend {
 
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
         dispatch!(self, b => b.force_unlock(keys).await)
+    }
+
+    async fn scan(&self, scan: &mut ScanState, pattern: &str, count: usize) -> Result<Vec<String>, LockError> {
+        dispatch!(self, b => b.scan(scan, pattern, count).await)
+    }
+
+    async fn waiters(&self, keys: &LockKeys, limit: usize) -> Result<Vec<Place>, LockError> {
+        dispatch!(self, b => b.waiters(keys, limit).await)
     }
 
     async fn watch_releases(&self, keys: &LockKeys, token: &LockToken) -> Result<ReleaseWatch, LockError> {

@@ -171,6 +171,49 @@ impl Link {
         }
     }
 
+    /// On a cluster, its primaries' addresses (host, port), as `CLUSTER SLOTS` names them; `None` on one server.
+    pub(super) async fn cluster_primaries(&self) -> RedisResult<Option<Vec<(String, u16)>>> {
+        let Link::Cluster(link) = self else { return Ok(None) };
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary);
+        let result = link.connection().route_command(redis::cmd("CLUSTER").arg("SLOTS").clone(), route).await;
+        link.note(&result);
+        // Each range: [start, end, [host, port, id, ..], replicas..].
+        let ranges: Vec<Vec<Value>> = redis::from_redis_value(result?)?;
+        let mut primaries: Vec<(String, u16)> = Vec::new();
+        for range in ranges {
+            let Some(primary) = range.into_iter().nth(2) else { continue };
+            let (host, port): (String, u16) = match redis::from_redis_value::<Vec<Value>>(primary)?.as_slice() {
+                [host, port, ..] => (redis::from_redis_value(host.clone())?, redis::from_redis_value(port.clone())?),
+                _ => continue,
+            };
+            if !primaries.contains(&(host.clone(), port)) {
+                primaries.push((host, port));
+            }
+        }
+        Ok(Some(primaries))
+    }
+
+    /// Runs `cmd` on the cluster node at `host:port` (for a command about that node alone, such as SCAN);
+    /// on one server, on that server.
+    pub(super) async fn query_on_address<T: redis::FromRedisValue>(
+        &self,
+        cmd: Cmd,
+        host: &str,
+        port: u16,
+    ) -> RedisResult<T> {
+        match self {
+            Link::Cluster(link) => {
+                use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host: host.to_owned(), port });
+                let result = link.connection().route_command(cmd, route).await;
+                link.note(&result);
+                Ok(redis::from_redis_value(result?)?)
+            }
+            other => cmd.query_async(&mut other.clone()).await,
+        }
+    }
+
     /// SUBSCRIBE on the connection (on a cluster, moved with its channel's slot; announcements are published
     /// cluster-wide, so any node hears them).
     pub(super) async fn subscribe(&mut self, channels: impl ToRedisArgs + Send + Sync) -> RedisResult<()> {

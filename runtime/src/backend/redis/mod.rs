@@ -8,7 +8,8 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, Value};
 
-use super::{Attempt, Capabilities, Fencing, Hold, LockKeys, Queueing, ReleaseWatch, Renewal, Store, WakeUps};
+use super::{Attempt, Capabilities, Fencing, Hold, LockKeys, Place, Queueing, ReleaseWatch, Renewal, ScanState};
+use super::{Store, WakeUps};
 use crate::error::BackendError;
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
@@ -23,6 +24,7 @@ mod batch;
 mod config_errors;
 mod connect;
 mod link;
+mod listing;
 mod scripts;
 mod subscriber;
 mod window;
@@ -383,6 +385,14 @@ impl Store for RedisBackend {
             })
             .await?;
         Ok(deleted == 1)
+    }
+
+    async fn scan(&self, scan: &mut ScanState, pattern: &str, count: usize) -> Result<Vec<String>, LockError> {
+        self.scan_step(scan, pattern, count).await
+    }
+
+    async fn waiters(&self, keys: &LockKeys, limit: usize) -> Result<Vec<Place>, LockError> {
+        self.queued(keys, limit).await
     }
 
     async fn watch_releases(&self, keys: &LockKeys, token: &LockToken) -> Result<ReleaseWatch, LockError> {

@@ -251,13 +251,14 @@ pub(super) static WITHDRAW: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(includ
 pub(super) static REMAINING: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/remaining.lua")));
 pub(super) static INFO: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/info.lua")));
 pub(super) static FORCE_UNLOCK: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/force_unlock.lua")));
+pub(super) static WAITERS: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/waiters.lua")));
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::backend::{CHANNEL, FENCE, FENCE_REFRESH, FENCE_RETENTION};
 
-    fn all() -> [(&'static str, &'static LuaScript); 9] {
+    fn all() -> [(&'static str, &'static LuaScript); 10] {
         [
             ("acquire", &ACQUIRE),
             ("release", &RELEASE),
@@ -268,6 +269,7 @@ mod tests {
             ("remaining", &REMAINING),
             ("info", &INFO),
             ("force_unlock", &FORCE_UNLOCK),
+            ("waiters", &WAITERS),
         ]
     }
 
