@@ -205,8 +205,8 @@ const CALL_FRAME: &str =
     "local call = table.remove(ARGV)\nlocal reply = (function()\n{body}end)()\nreturn {call, reply}\n";
 
 /// Every script.
-pub(super) fn all_scripts() -> [&'static LuaScript; 9] {
-    [&ACQUIRE, &RELEASE, &BATCH, &RENEW, &RENEW_MANY, &WITHDRAW, &REMAINING, &INFO, &FORCE_UNLOCK]
+pub(super) fn all_scripts() -> [&'static LuaScript; 10] {
+    [&ACQUIRE, &RELEASE, &BATCH, &RENEW, &RENEW_MANY, &WITHDRAW, &REMAINING, &INFO, &FORCE_UNLOCK, &WAITERS]
 }
 
 /// The files scripts include, by name.
@@ -258,6 +258,7 @@ mod tests {
     use super::*;
     use crate::backend::{CHANNEL, FENCE, FENCE_REFRESH, FENCE_RETENTION};
 
+    /// Every script, named; the same as [`all_scripts`], in its order.
     fn all() -> [(&'static str, &'static LuaScript); 10] {
         [
             ("acquire", &ACQUIRE),
@@ -271,6 +272,13 @@ mod tests {
             ("force_unlock", &FORCE_UNLOCK),
             ("waiters", &WAITERS),
         ]
+    }
+
+    #[test]
+    fn every_script_is_listed_for_numbering() {
+        let named: Vec<*const LuaScript> = all().iter().map(|(_, s)| *s as *const LuaScript).collect();
+        let listed: Vec<*const LuaScript> = all_scripts().iter().map(|s| *s as *const LuaScript).collect();
+        assert_eq!(named, listed);
     }
 
     /// Every value `record.lua` names, as the Rust side derives it.
