@@ -20,7 +20,9 @@ pub const MAX_WAITERS_LISTED: usize = 1000;
 /// cluster, every primary in turn), so memory stays bounded by a page and Redis is never blocked for long.
 /// As `SCAN` promises, a lock held for the whole listing is listed, one taken or released meanwhile may or may
 /// not be, and a name may come twice (when Redis resizes its table meanwhile, or on Redlock, once per server
-/// holding it). Pages come in no particular order: sort (and deduplicate) them if the order matters.
+/// holding it; there a record left on a minority of the servers, as a release's last one for a moment after it
+/// returned, is listed too: `lock_infos` says whether a quorum holds it). Pages come in no particular order:
+/// sort (and deduplicate) them if the order matters.
 #[derive(Debug)]
 pub struct LockListing {
     client: Client,
