@@ -33,6 +33,9 @@
 //! 4. 1k, 10k, 100k locks held at once, ttl 30 s: renewal commands/s, client CPU, memory per held lock;
 //! 5. wake-up of a waiter whose backoff is 5 s, after the holder's release, against the round-trip time.
 //!
+//! `--scale-out` runs only the Redlock (3 and 5 servers, against rslock) and Redis Cluster (against the raw floor
+//! on the crate's cluster client) rows, 1 and 64 tasks (`scaleout.rs`).
+//!
 //! `--rtt MS,...` runs the scenarios once per added round trip: for each non-zero one, every contender
 //! (the timed children included) reaches redis-server through the benchmark's own delay proxy
 //! (`proxy.rs`), each way half the round trip; 0 is loopback without the proxy. Scenarios 4 and 5 run in the
@@ -45,6 +48,7 @@ mod held;
 mod measure;
 mod proxy;
 mod report;
+mod scaleout;
 mod systems;
 mod uncontended;
 mod wakeup;
@@ -86,6 +90,8 @@ pub struct Config {
     pub rtts: Vec<f64>,
     /// Only measure round trips through the proxy at each `rtts`, and exit.
     pub proxy_check: bool,
+    /// Only run the scale-out rows (Redlock, Redis Cluster), and exit.
+    pub scale_out: bool,
 }
 
 impl Config {
@@ -109,6 +115,7 @@ impl Config {
                 pin: true,
                 rtts: vec![0.0],
                 proxy_check: false,
+                scale_out: false,
             }
         } else {
             Self {
@@ -128,6 +135,7 @@ impl Config {
                 pin: true,
                 rtts: vec![0.0],
                 proxy_check: false,
+                scale_out: false,
             }
         }
     }
@@ -144,7 +152,7 @@ impl Config {
 
 const USAGE: &str =
     "usage: distlock-bench [--quick] [--rounds N] [--only 1,2,2u,3,4,5] [--variants raw,api,run,macro,rslock]
-                      [--no-pin] [--rtt MS[,MS...]] [--proxy-check]
+                      [--no-pin] [--rtt MS[,MS...]] [--proxy-check] [--scale-out]
   --quick        short smoke run (under 30 s): 2 rounds, short windows, 1k/10k held locks with ttl 3 s
   --rounds N     rounds for scenarios 1-3 (default 5; 2 with --quick)
   --only LIST    run only these scenarios (2u: scenario 2 unpinned, client on a 2-worker runtime)
@@ -154,7 +162,10 @@ const USAGE: &str =
   --rtt LIST     added round trips in ms (e.g. 0,0.25,0.5,1; 0 = loopback): one pass each, every contender
                  through the benchmark's delay proxy (half the round trip each way); scenarios 4 and 5 run in
                  the first pass only; a summary table compares the passes
-  --proxy-check  measure PING round trips through the proxy at each --rtt (and the hop alone), then exit";
+  --proxy-check  measure PING round trips through the proxy at each --rtt (and the hop alone), then exit
+  --scale-out    only the scale-out rows: distlock on Redlock (3 and 5 servers) against rslock's Redlock, and
+                 on a 3-primary Redis Cluster against raw SET NX PX + EVALSHA on the crate's cluster client;
+                 1 and 64 tasks; --rounds and --quick apply";
 
 fn parse_args() -> Result<Config, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -192,6 +203,7 @@ fn parse_args() -> Result<Config, String> {
                 }
             }
             "--proxy-check" => config.proxy_check = true,
+            "--scale-out" => config.scale_out = true,
             "--variants" => {
                 config.variants = value("--variants")?
                     .split(',')
@@ -225,6 +237,9 @@ fn main() -> ExitCode {
     };
     if cfg!(debug_assertions) {
         eprintln!("warning: a debug build; measure with `cargo run --release -p distlock-bench`");
+    }
+    if config.scale_out {
+        return scale_out(&config);
     }
     let machine_before = report::Machine::read();
     let server = RedisServer::new();
@@ -280,6 +295,47 @@ fn main() -> ExitCode {
     machine.pinning = pinning.map(|p| p.what);
     machine.workers = workers;
     report::print(&config, &machine, &passes, elapsed);
+    ExitCode::SUCCESS
+}
+
+/// `--scale-out`: the Redlock and cluster rows, every server pinned to the last CPU and the benchmark to the
+/// others.
+fn scale_out(config: &Config) -> ExitCode {
+    let mut machine = report::Machine::read();
+    let cores = machine_cores();
+    let server_cpus = (cores.max(2) - 1).to_string();
+    let client_cpus = if cores <= 2 { "0".to_owned() } else { format!("0-{}", cores - 2) };
+    let pinned = config.pin && cores >= 2 && taskset(&client_cpus, std::process::id());
+    let pin = move |pid: u32| {
+        if pinned && !taskset(&server_cpus, pid) {
+            eprintln!("warning: could not pin redis-server {pid}");
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(if pinned { cores.max(2) - 1 } else { cores })
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let each = if config.quick { Duration::from_millis(500) } else { Duration::from_secs(2) };
+    let started = Instant::now();
+    let table = runtime.block_on(scaleout::run(config.rounds, each, &pin));
+    machine.finish();
+    println!("{table}");
+    println!(
+        "Machine: {} cores, {}, Linux {}; redis-server {}; servers pinned to CPU {} and the benchmark to the \
+         others: {pinned}; load average {} before, {} after.\nCommand: `{}` ({} rounds of {:?} windows, {:.0} s in all).",
+        machine.cores,
+        machine.cpu,
+        machine.kernel,
+        machine.redis,
+        cores.max(2) - 1,
+        machine.load_before,
+        machine.load_after,
+        config.command_line(),
+        config.rounds,
+        each,
+        started.elapsed().as_secs_f64(),
+    );
     ExitCode::SUCCESS
 }
 

@@ -84,7 +84,7 @@ pub fn rslock(url: &str) -> rslock::LockManager {
 }
 
 /// Compare-and-delete: the raw release.
-const RAW_RELEASE: &str = r"if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+pub const RAW_RELEASE: &str = r"if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0";
 
 /// Compare-and-expire: the raw renewal.

@@ -1,0 +1,241 @@
+//! Scale-out rows (`--scale-out`, issues 11 and 12): distlock on Redlock over 3 and 5 independent servers
+//! against rslock's Redlock on the same servers, and on a Redis Cluster (3 primaries, 1 replica each) against
+//! the raw floor through the redis crate's own cluster client (`SET NX PX` + an `EVALSHA` compare-and-delete)
+//! on the same cluster. One task and 64 tasks, each cycling acquire + release on keys of its own (on the
+//! cluster they spread over all slots). In each round every contender runs one window, in an order rotated
+//! from round to round; each number is the median of cycles/s over the rounds. All servers are pinned to the
+//! last CPU and the benchmark to the others, as in the other scenarios.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlock::Client;
+use distlock_tests::cluster::RedisCluster;
+use distlock_tests::RedisServer;
+use redis::cluster_async::ClusterConnection;
+
+use crate::systems;
+
+const TTL: Duration = Duration::from_secs(10);
+const TASK_COUNTS: [usize; 2] = [1, 64];
+
+/// One row: a contender's cycles/s per round.
+struct Row {
+    setup: String,
+    tasks: usize,
+    contender: &'static str,
+    rates: Vec<f64>,
+}
+
+impl Row {
+    fn median(&self) -> f64 {
+        let mut r = self.rates.clone();
+        r.sort_by(f64::total_cmp);
+        r.get(r.len() / 2).copied().unwrap_or(0.0)
+    }
+}
+
+/// Runs `cycle(task, n)` in `tasks` tasks for `window`; cycles per second.
+async fn window<F, Fut>(tasks: usize, window: Duration, cycle: F) -> f64
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<(), String>> + Send,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let (stop, done, cycle) = (stop.clone(), done.clone(), cycle.clone());
+            tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    if let Err(e) = cycle(task, n).await {
+                        eprintln!("  a cycle failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    } else {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(window).await;
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = started.elapsed();
+    for handle in handles {
+        let _ = handle.await;
+    }
+    done.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64()
+}
+
+/// The distlock cycle on `client`.
+fn distlock_cycle(
+    client: Client,
+    prefix: &'static str,
+) -> impl Fn(usize, u64) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Clone {
+    move |task, _| {
+        let client = client.clone();
+        Box::pin(async move {
+            let guard = client.lock(format!("{prefix}:{task}")).ttl(TTL).acquire().await.map_err(|e| e.to_string())?;
+            guard.release().await.map(|_| ()).map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// Rounds of windows over `contenders` (name, cycle), rotating their order.
+async fn rounds<F, Fut>(
+    setup: &str,
+    tasks: usize,
+    rounds: usize,
+    each: Duration,
+    contenders: Vec<(&'static str, F)>,
+) -> Vec<Row>
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<(), String>> + Send,
+{
+    let mut rows: Vec<Row> = contenders
+        .iter()
+        .map(|(name, _)| Row { setup: setup.to_owned(), tasks, contender: name, rates: Vec::new() })
+        .collect();
+    for round in 0..rounds {
+        for k in 0..contenders.len() {
+            let i = (k + round) % contenders.len();
+            let rate = window(tasks, each, contenders[i].1.clone()).await;
+            eprintln!("  {setup}, {tasks} task(s), {}: {rate:.0} cycles/s", contenders[i].0);
+            rows[i].rates.push(rate);
+        }
+    }
+    rows
+}
+
+type BoxedCycle =
+    Arc<dyn Fn(usize, u64) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+
+fn boxed<F>(f: F) -> BoxedCycle
+where
+    F: Fn(usize, u64) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync + 'static,
+{
+    Arc::new(f)
+}
+
+/// Redlock over `n` fresh servers: distlock against rslock.
+async fn redlock(n: usize, rounds_n: usize, each: Duration, pin: &dyn Fn(u32)) -> Vec<Row> {
+    let servers: Vec<RedisServer> = (0..n).map(|_| RedisServer::new()).collect();
+    for server in &servers {
+        pin(server.pid().expect("server running"));
+    }
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let client = Client::builder().redlock(urls.clone()).build().await.expect("distlock redlock client");
+    let rslock = Arc::new(rslock::LockManager::from_clients(
+        urls.iter().map(|u| systems::client(u).expect("server url")).collect(),
+    ));
+    let setup = format!("Redlock, {n} servers");
+    let mut rows = Vec::new();
+    for tasks in TASK_COUNTS {
+        let ours = boxed(distlock_cycle(client.clone(), "dl"));
+        let theirs = {
+            let rslock = rslock.clone();
+            boxed(move |task, _| {
+                let rslock = rslock.clone();
+                Box::pin(async move {
+                    let key = format!("rs:{task}");
+                    let lock = rslock.lock(key.as_bytes(), TTL).await.map_err(|e| format!("{e:?}"))?;
+                    rslock.unlock(&lock).await;
+                    Ok(())
+                })
+            })
+        };
+        let contenders = vec![("distlock", call(ours)), ("rslock", call(theirs))];
+        rows.extend(rounds(&setup, tasks, rounds_n, each, contenders).await);
+    }
+    rows
+}
+
+/// A boxed cycle as a cloneable closure.
+fn call(
+    f: BoxedCycle,
+) -> impl Fn(usize, u64) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Clone {
+    move |task, n| f(task, n)
+}
+
+/// A 3-primary cluster: distlock against the raw floor on the crate's cluster client.
+async fn cluster(rounds_n: usize, each: Duration, pin: &dyn Fn(u32)) -> Vec<Row> {
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 1)).await.expect("cluster");
+    for node in cluster.nodes() {
+        pin(node.pid().expect("node running"));
+    }
+    let client = Client::builder().redis_cluster(cluster.seeds()).build().await.expect("distlock cluster client");
+    let raw: ClusterConnection = redis::cluster::ClusterClientBuilder::new(cluster.seeds())
+        .build()
+        .expect("cluster client")
+        .get_async_connection()
+        .await
+        .expect("cluster connection");
+    let release = Arc::new(redis::Script::new(systems::RAW_RELEASE));
+    let mut rows = Vec::new();
+    for tasks in TASK_COUNTS {
+        let ours = boxed(distlock_cycle(client.clone(), "dl"));
+        let floor = {
+            let (raw, release) = (raw.clone(), release.clone());
+            boxed(move |task, n| {
+                let (mut conn, release) = (raw.clone(), release.clone());
+                Box::pin(async move {
+                    let key = format!("raw:{task}");
+                    let token = format!("{task}-{n}");
+                    let set: Option<String> = redis::cmd("SET")
+                        .arg(&key)
+                        .arg(&token)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(TTL.as_millis() as u64)
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    set.ok_or("the raw key was taken")?;
+                    let _: i64 =
+                        release.key(&key).arg(&token).invoke_async(&mut conn).await.map_err(|e| e.to_string())?;
+                    Ok(())
+                })
+            })
+        };
+        let contenders = vec![("distlock", call(ours)), ("raw", call(floor))];
+        rows.extend(rounds("Cluster, 3 primaries", tasks, rounds_n, each, contenders).await);
+    }
+    rows
+}
+
+/// Every scale-out row, as a Markdown table (stdout), progress on stderr.
+pub async fn run(rounds_n: usize, each: Duration, pin: &(dyn Fn(u32) + Sync)) -> String {
+    let mut rows = Vec::new();
+    for n in [3, 5] {
+        eprintln!("scale-out: Redlock over {n} servers");
+        rows.extend(redlock(n, rounds_n, each, pin).await);
+    }
+    eprintln!("scale-out: Redis Cluster");
+    rows.extend(cluster(rounds_n, each, pin).await);
+    report(&rows)
+}
+
+fn report(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "### Scale-out: Redlock and Redis Cluster (cycles/s, median over rounds)\n\n\
+         | setup | tasks | distlock | other | distlock ÷ other | other is |\n|---|---:|---:|---:|---:|---|\n",
+    );
+    for pair in rows.chunks(2) {
+        let [ours, other] = pair else { continue };
+        let (a, b) = (ours.median(), other.median());
+        let ratio = if b > 0.0 { a / b } else { 0.0 };
+        let what = if other.contender == "raw" {
+            "raw SET NX PX + EVALSHA on the crate's cluster client"
+        } else {
+            "rslock 0.10, Redlock on the same servers"
+        };
+        out.push_str(&format!("| {} | {} | {a:.0} | {b:.0} | {ratio:.2} | {what} |\n", ours.setup, ours.tasks));
+    }
+    out
+}
