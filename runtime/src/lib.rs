@@ -90,6 +90,7 @@ pub mod __private {
 }
 mod private;
 mod renewer;
+mod shutdown;
 /// Not public API: the deterministic simulation of the lock engine (feature `simulation`, for its tests).
 #[cfg(feature = "simulation")]
 #[doc(hidden)]
