@@ -100,6 +100,7 @@ mod grant;
 mod guard;
 mod held;
 mod hooks;
+mod listing;
 mod request;
 mod token;
 #[cfg(feature = "tower")]
@@ -122,6 +123,7 @@ pub use client::{current_client, install, with_client, Client, ClientBuilder, Lo
 pub use distlock_macros::distributed_lock;
 pub use error::{BackendError, LockError};
 pub use guard::{current_lock, LockGuard, ReleaseOutcome};
+pub use listing::{LockListing, LockWaiter, MAX_WAITERS_LISTED};
 pub use request::{LockRequest, OnLost, RetryStrategy};
 pub use token::LockToken;
 

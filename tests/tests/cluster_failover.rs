@@ -187,12 +187,14 @@ fn slot_of(key: &str) -> u16 {
 /// bodies on one key at once, fencing tokens rising per key, and no error reaches a caller whose wait covers
 /// the migration.
 ///
-/// Ignored because it fails today, as issue 11 expects it to be shown: while a slot migrates, the scripts'
-/// undeclared keys (`:queue`, `:waiter:<token>`, `:fence`) can already be on the target while the record is
-/// still on the source, so scripts fail with "non local key" (errors reach callers), and one run in three saw
-/// two holders of one key. Run it with `cargo test -p distlock-tests --test cluster_failover -- --ignored`.
+/// What it found, and what keeps it passing: while a slot migrates, a lock's other keys (`:queue`,
+/// `:waiter:<token>`, `:fence`) can be on the new node while the record is still on the old one, so a script
+/// stops with "non local key" (sent again a moment later, it finds them together); and the redis crate's
+/// cluster connection, which also carries the subscriptions, once delivered a subscription's confirmation as
+/// a script's reply, after which each reply went to the call after its own and two tasks held one lock. Every
+/// script call now carries a number its reply must hand back (link.rs): a reply for another call is an error
+/// and the call is sent again on a new connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finds two holders during a live slot migration (issue 11, open): see the doc comment"]
 async fn a_live_slot_migration_keeps_locks_exclusive() {
     let _serial = serial().await;
     let cluster = Arc::new(tokio::task::spawn_blocking(|| RedisCluster::start(3, 1)).await.expect("cluster"));

@@ -9,8 +9,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{
-    Announcement, Attempt, Capabilities, Fencing, Hold, LockKeys, Queueing, ReleaseWatch, Store, WakeUps,
-    FENCE_RETENTION,
+    glob_matches, Announcement, Attempt, Capabilities, Fencing, Hold, LockKeys, Place, Queueing, ReleaseWatch,
+    ScanState, Store, WakeUps, FENCE_RETENTION,
 };
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
@@ -63,6 +63,8 @@ struct Waiter {
     lease: Duration,
     owner: Arc<str>,
     metadata: String,
+    /// When it first queued.
+    queued_at: Instant,
 }
 
 #[derive(Debug)]
@@ -153,6 +155,7 @@ impl MemoryState {
                 lease: queueing.lease,
                 owner: Arc::clone(owner),
                 metadata: metadata.to_owned(),
+                queued_at: Instant::now(),
             }),
         }
     }
@@ -332,6 +335,36 @@ impl Store for MemoryBackend {
             channel.tx.send_replace(Announcement::Retry);
         }
         Ok(existed)
+    }
+
+    /// Every live matching record at once: the store is this process's own, so it holds as many locks as the
+    /// process does.
+    async fn scan(&self, scan: &mut ScanState, pattern: &str, _count: usize) -> Result<Vec<String>, LockError> {
+        let now = Instant::now();
+        let state = self.state();
+        scan.done = true;
+        Ok(state
+            .records
+            .iter()
+            .filter(|(key, record)| record.expires_at > now && glob_matches(pattern.as_bytes(), key.as_bytes()))
+            .map(|(key, _)| key.clone())
+            .collect())
+    }
+
+    async fn waiters(&self, keys: &LockKeys, limit: usize) -> Result<Vec<Place>, LockError> {
+        let now = Instant::now();
+        let state = self.state();
+        let Some(queue) = state.queues.get(&keys.record) else { return Ok(Vec::new()) };
+        Ok(queue
+            .iter()
+            .take(limit)
+            .filter(|w| w.expires_at > now)
+            .map(|w| Place {
+                owner: w.owner.to_string(),
+                metadata: w.metadata.clone(),
+                waited: now.saturating_duration_since(w.queued_at),
+            })
+            .collect())
     }
 
     async fn watch_releases(&self, keys: &LockKeys, _token: &LockToken) -> Result<ReleaseWatch, LockError> {

@@ -2,6 +2,7 @@
 //! independent servers, or this process's memory, each behind the [`Store`] trait, with the
 //! types the engine and the stores share.
 
+mod listing;
 mod memory;
 mod redis;
 mod redlock;
@@ -10,6 +11,7 @@ mod store;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub(crate) use self::listing::{glob_matches, name_of_record, record_pattern, Place, ScanState, PROBE_NAME_PREFIX};
 pub(crate) use self::memory::MemoryBackend;
 pub(crate) use self::redis::{ConnectSettings, RedisBackend, ReplicaAcks, Timeouts};
 pub(crate) use self::redlock::RedlockBackend;
@@ -36,7 +38,8 @@ impl LockKeys {
         Self { name, record }
     }
 
-    /// `<prefix>{<key>}:fence`: the last fencing token, kept for the grant's lease plus [`FENCE_RETENTION`].
+    /// `<prefix>{<key>}:fence`: the last fencing token, kept for the grant's lease plus [`FENCE_RETENTION`] (on
+    /// Redis up to two [`FENCE_REFRESH`] longer).
     /// Derived, not stored: a held lock keeps only what its renewals and release need.
     pub(crate) fn fence(&self) -> String {
         format!("{}{FENCE}", self.record)
@@ -53,6 +56,14 @@ impl LockKeys {
 /// `max(last + 1, the server's clock in µs)`, so past this the clock alone keeps tokens rising, and no state of
 /// a released lock outlives it.
 pub(crate) const FENCE_RETENTION: Duration = Duration::from_secs(60);
+
+/// How often, at most, a Redis grant sets the expiry of its lock's last fencing token instead of keeping it:
+/// once per 100 s of the server's clock (the token's digits above 10^8 µs), and on every grant of a lease this
+/// long or longer. So the token is kept at least its lease plus [`FENCE_RETENTION`], at most its lease plus
+/// [`FENCE_RETENTION`] and two of these (`fence.lua` says why).
+// Written into the scripts (fence.lua, record.lua's KEEP_MS); a unit test ties them to this value.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) const FENCE_REFRESH: Duration = Duration::from_secs(100);
 
 /// The suffixes of the lock's derived names the client uses itself. The Redis scripts name these and the
 /// wait queue's keys after the record on their own (a unit test checks they agree).
@@ -255,6 +266,14 @@ impl Store for Backend {
 
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
         dispatch!(self, b => b.force_unlock(keys).await)
+    }
+
+    async fn scan(&self, scan: &mut ScanState, pattern: &str, count: usize) -> Result<Vec<String>, LockError> {
+        dispatch!(self, b => b.scan(scan, pattern, count).await)
+    }
+
+    async fn waiters(&self, keys: &LockKeys, limit: usize) -> Result<Vec<Place>, LockError> {
+        dispatch!(self, b => b.waiters(keys, limit).await)
     }
 
     async fn watch_releases(&self, keys: &LockKeys, token: &LockToken) -> Result<ReleaseWatch, LockError> {

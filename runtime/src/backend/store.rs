@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Attempt, Hold, LockKeys, Queueing, ReleaseWatch, Renewal};
+use super::{Attempt, Hold, LockKeys, Place, Queueing, ReleaseWatch, Renewal, ScanState};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 /// What a store guarantees. The engine reads this instead of asking which store it talks to, and a guarantee a
@@ -91,6 +91,16 @@ pub(crate) trait Store {
     /// Deletes the lock whoever holds it, and its wait queue, and wakes every waiter to try again (no hand-over:
     /// the queue head may have died); true if there was a lock.
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError>;
+
+    /// One step of a scan for lock records whose keys match `pattern` (a glob built by
+    /// [`record_pattern`](super::listing::record_pattern)), asking for about `count` keys: the record keys found
+    /// (maybe none, maybe some twice, as SCAN gives them) and `scan` moved on; `scan.done` once every server
+    /// was scanned. Reads keys only, never the records.
+    async fn scan(&self, scan: &mut ScanState, pattern: &str, count: usize) -> Result<Vec<String>, LockError>;
+
+    /// The live waiters queued for the lock, in arrival order, at most `limit` places looked at; never their
+    /// tokens. Empty on a store without a queue.
+    async fn waiters(&self, keys: &LockKeys, limit: usize) -> Result<Vec<Place>, LockError>;
 
     /// Starts listening, as the waiter with `token`, for hand-overs of the lock; resolves once announcements
     /// can no longer be missed. Only called when the store's wake-ups are [`WakeUps::Exact`].

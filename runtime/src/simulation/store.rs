@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::{short, Tokens, World};
 use crate::backend::{
-    Announcement, Attempt, Capabilities, Hold, LockKeys, MemoryBackend, Queueing, ReleaseWatch, Store,
+    Announcement, Attempt, Capabilities, Hold, LockKeys, MemoryBackend, Place, Queueing, ReleaseWatch, ScanState, Store,
 };
 use crate::error::BackendError;
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
@@ -351,6 +351,23 @@ impl Store for SimStore {
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
         let (m, k) = (self.memory(), keys.clone());
         self.call(format!("force_unlock {}", keys.name), keys, async move { m.force_unlock(&k).await }).await
+    }
+
+    /// The memory store's scan, through the fault layer as one call (it has no lock of its own: named after none).
+    async fn scan(&self, scan: &mut ScanState, pattern: &str, count: usize) -> Result<Vec<String>, LockError> {
+        let (m, pattern) = (self.memory(), pattern.to_owned());
+        let found = self
+            .call(format!("scan {pattern}"), &LockKeys::default(), async move {
+                m.scan(&mut ScanState::default(), &pattern, count).await
+            })
+            .await?;
+        scan.done = true;
+        Ok(found)
+    }
+
+    async fn waiters(&self, keys: &LockKeys, limit: usize) -> Result<Vec<Place>, LockError> {
+        let (m, k) = (self.memory(), keys.clone());
+        self.call(format!("waiters {}", keys.name), keys, async move { m.waiters(&k, limit).await }).await
     }
 
     async fn watch_releases(&self, keys: &LockKeys, token: &LockToken) -> Result<ReleaseWatch, LockError> {

@@ -346,10 +346,22 @@ pub(super) async fn call_one(conn: &impl Transport, op: &Op<'_>) -> Reply {
     let value = conn.call(std::slice::from_ref(op)).await?;
     match (op, value) {
         (Op::Acquire { .. }, Value::Array(reply)) => match reply.as_slice() {
-            [Value::Int(code), Value::Int(fence), Value::Int(ms)] => Ok((*code, *fence, *ms)),
+            [Value::Int(code), fence, ms] => Ok((*code, number(fence)?, number(ms)?)),
             _ => Err(unexpected_reply()),
         },
         (Op::Release { .. }, Value::Int(code)) => Ok((code, 0, 0)),
+        _ => Err(unexpected_reply()),
+    }
+}
+
+/// A number in a reply: an integer, or decimal text (the scripts hand fencing tokens and leases back as the
+/// text they already have, which costs Redis less than a Lua number).
+fn number(value: &Value) -> redis::RedisResult<i64> {
+    match value {
+        Value::Int(n) => Ok(*n),
+        Value::BulkString(text) => {
+            std::str::from_utf8(text).ok().and_then(|t| t.parse().ok()).ok_or_else(unexpected_reply)
+        }
         _ => Err(unexpected_reply()),
     }
 }
@@ -363,7 +375,7 @@ async fn call_many(conn: &impl Transport, ops: &[Op<'_>]) -> Vec<Reply> {
         Ok(Value::Array(items)) if items.len() == 3 * ops.len() => items
             .chunks(3)
             .map(|reply| match reply {
-                [Value::Int(code), Value::Int(fence), Value::Int(ms)] if *code >= 0 => Ok((*code, *fence, *ms)),
+                [Value::Int(code), fence, ms] if *code >= 0 => Ok((*code, number(fence)?, number(ms)?)),
                 [Value::Int(FAILED), Value::BulkString(message), _] => Err(failed_in_script(message)),
                 _ => Err(unexpected_reply()),
             })

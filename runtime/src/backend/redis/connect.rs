@@ -15,7 +15,7 @@ use super::link::{self, Link, Rebuilding};
 use super::scripts::{self, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY};
 use super::subscriber::Subscriber;
 use super::{timeout_error, ConnectSettings, Hot, RedisBackend, Timeouts};
-use crate::backend::{Attempt, LockKeys, Queueing, Store};
+use crate::backend::{Attempt, LockKeys, Queueing, Store, PROBE_NAME_PREFIX};
 use crate::error::{redact_url, BackendError};
 use crate::{LockError, LockToken};
 
@@ -179,7 +179,7 @@ impl RedisBackend {
     /// Every command a lock's life uses, once: listen, take, queue a second owner, release (handing over,
     /// which publishes), and clean up. Another process probing at the same moment only makes this a no-op.
     async fn probe_lock_cycle(&self, prefix: &str) -> Result<(), LockError> {
-        let keys = LockKeys::new(prefix, format!("distlock-startup-probe:{}", LockToken::random().as_str()));
+        let keys = LockKeys::new(prefix, format!("{PROBE_NAME_PREFIX}{}", LockToken::random().as_str()));
         let (holder, waiter) = (LockToken::random(), LockToken::random());
         let lease = Duration::from_secs(5);
         let queueing = Queueing { register: lease, lease };

@@ -5,13 +5,16 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, ToRedisArgs, Value};
+use redis::{Arg, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, ToRedisArgs, Value};
 use tokio::time::Instant;
+
+use super::scripts;
 
 /// A command connection of any kind; cheap to clone (each is a handle to multiplexed connections).
 #[derive(Clone)]
@@ -97,9 +100,7 @@ impl<C: Clone + Send + Sync + 'static> Rebuilding<C> {
     /// After a call: if it failed in a way that says the connection is stale, rebuild in the background.
     fn note<T>(self: &Arc<Self>, result: &RedisResult<T>) {
         if result.as_ref().is_err_and(|e| (self.stale)(e)) {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(Arc::clone(self).rebuild());
-            }
+            self.replace();
         }
     }
 
@@ -123,6 +124,13 @@ impl<C: Clone + Send + Sync + 'static> Rebuilding<C> {
             Err(_) => {
                 tracing::warn!(server = %self.server, "distlock: calls failed and reconnecting timed out; trying again on the next failure")
             }
+        }
+    }
+
+    /// Replaces the connection now (in the background, unless one was made a moment ago).
+    fn replace(self: &Arc<Self>) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(Arc::clone(self).rebuild());
         }
     }
 
@@ -163,6 +171,49 @@ impl Link {
         }
     }
 
+    /// On a cluster, its primaries' addresses (host, port), as `CLUSTER SLOTS` names them; `None` on one server.
+    pub(super) async fn cluster_primaries(&self) -> RedisResult<Option<Vec<(String, u16)>>> {
+        let Link::Cluster(link) = self else { return Ok(None) };
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary);
+        let result = link.connection().route_command(redis::cmd("CLUSTER").arg("SLOTS").clone(), route).await;
+        link.note(&result);
+        // Each range: [start, end, [host, port, id, ..], replicas..].
+        let ranges: Vec<Vec<Value>> = redis::from_redis_value(result?)?;
+        let mut primaries: Vec<(String, u16)> = Vec::new();
+        for range in ranges {
+            let Some(primary) = range.into_iter().nth(2) else { continue };
+            let (host, port): (String, u16) = match redis::from_redis_value::<Vec<Value>>(primary)?.as_slice() {
+                [host, port, ..] => (redis::from_redis_value(host.clone())?, redis::from_redis_value(port.clone())?),
+                _ => continue,
+            };
+            if !primaries.contains(&(host.clone(), port)) {
+                primaries.push((host, port));
+            }
+        }
+        Ok(Some(primaries))
+    }
+
+    /// Runs `cmd` on the cluster node at `host:port` (for a command about that node alone, such as SCAN);
+    /// on one server, on that server.
+    pub(super) async fn query_on_address<T: redis::FromRedisValue>(
+        &self,
+        cmd: Cmd,
+        host: &str,
+        port: u16,
+    ) -> RedisResult<T> {
+        match self {
+            Link::Cluster(link) => {
+                use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host: host.to_owned(), port });
+                let result = link.connection().route_command(cmd, route).await;
+                link.note(&result);
+                Ok(redis::from_redis_value(result?)?)
+            }
+            other => cmd.query_async(&mut other.clone()).await,
+        }
+    }
+
     /// SUBSCRIBE on the connection (on a cluster, moved with its channel's slot; announcements are published
     /// cluster-wide, so any node hears them).
     pub(super) async fn subscribe(&mut self, channels: impl ToRedisArgs + Send + Sync) -> RedisResult<()> {
@@ -182,8 +233,8 @@ impl Link {
     }
 }
 
-impl ConnectionLike for Link {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+impl Link {
+    fn send<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Link::One(conn) => conn.req_packed_command(cmd),
             Link::Cluster(link) => link.run(move |mut c| Box::pin(async move { c.req_packed_command(cmd).await })),
@@ -191,12 +242,7 @@ impl ConnectionLike for Link {
         }
     }
 
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
+    fn send_all<'a>(&'a mut self, cmd: &'a Pipeline, offset: usize, count: usize) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Link::One(conn) => conn.req_packed_commands(cmd, offset, count),
             Link::Cluster(link) => {
@@ -206,6 +252,149 @@ impl ConnectionLike for Link {
                 link.run(move |mut c| Box::pin(async move { c.req_packed_commands(cmd, offset, count).await }))
             }
         }
+    }
+
+    /// Whether the connection carries the subscriptions too (a cluster's, or the primary's behind Sentinel), so
+    /// its script calls are numbered. One server's subscriptions have a connection of their own.
+    fn carries_subscriptions(&self) -> bool {
+        !matches!(self, Link::One(_))
+    }
+
+    /// After a reply that answered another call: the connection's replies are out of step with its calls, so
+    /// it is replaced.
+    fn out_of_step(&self) {
+        tracing::warn!("distlock: a reply answered another call; the call is sent again on a new connection");
+        match self {
+            Link::One(_) => {}
+            Link::Cluster(link) => link.replace(),
+            Link::Sentinel(link) => link.replace(),
+        }
+    }
+}
+
+/// On a connection that also carries subscriptions, script calls are numbered: each carries its number as its
+/// last argument, and its script (in the call-number frame, scripts.rs `CALL_FRAME`) hands the number back
+/// beside its reply. A reply is used only by the call whose number it
+/// carries; any other is an error, and the connection is replaced. Why: on a cluster, the redis crate's
+/// connection carries the subscriptions too, and during a live slot migration a subscription's confirmation
+/// was seen arriving as the reply to a script call, after which every reply on that node's connection went
+/// to the call after its own — a waiter received another's grant, and two tasks held one lock.
+static CALLS: AtomicU64 = AtomicU64::new(1);
+
+fn is_script_call(cmd: &Cmd) -> bool {
+    matches!(cmd.args_iter().next(), Some(Arg::Simple(name)) if name.eq_ignore_ascii_case(b"EVALSHA") || name.eq_ignore_ascii_case(b"EVAL"))
+}
+
+/// `cmd` as a numbered call of the same script (its variant in the call-number frame), if it is a call of
+/// one of our scripts, and its number.
+fn numbered(cmd: &Cmd) -> Option<(Cmd, String)> {
+    let mut args = cmd.args_iter();
+    let (Some(Arg::Simple(name)), Some(Arg::Simple(script))) = (args.next(), args.next()) else { return None };
+    let variant = if name.eq_ignore_ascii_case(b"EVALSHA") {
+        scripts::all_scripts().into_iter().find(|s| s.sha.as_bytes() == script).map(|s| s.numbered.sha.as_bytes())
+    } else if name.eq_ignore_ascii_case(b"EVAL") {
+        scripts::all_scripts().into_iter().find(|s| s.source.as_bytes() == script).map(|s| s.numbered.source.as_bytes())
+    } else {
+        None
+    }?;
+    let call = CALLS.fetch_add(1, Ordering::Relaxed).to_string();
+    let mut numbered = Cmd::with_capacity(cmd.args_iter().len() + 1, 0);
+    numbered.arg(name).arg(variant);
+    for arg in args {
+        let Arg::Simple(arg) = arg else { return None };
+        numbered.arg(arg);
+    }
+    numbered.arg(&call);
+    Some((numbered, call))
+}
+
+/// The script's own reply, if `reply` answers `call`.
+fn answer_to(call: &str, reply: Value) -> Option<Value> {
+    match reply {
+        Value::Array(mut items) if items.first().is_some_and(|c| is_call(c, call)) => {
+            Some(if items.len() > 1 { items.swap_remove(1) } else { Value::Nil })
+        }
+        _ => None,
+    }
+}
+
+const OUT_OF_STEP: &str = "a reply on this connection answered another call (the connection is replaced)";
+
+/// The error of a call that got another call's reply.
+fn out_of_step_error() -> RedisError {
+    RedisError::from((redis::ErrorKind::Io, OUT_OF_STEP))
+}
+
+/// Whether `e` says a call got another call's reply.
+pub(super) fn is_out_of_step(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Io && e.to_string().contains(OUT_OF_STEP)
+}
+
+fn is_call(value: &Value, call: &str) -> bool {
+    matches!(value, Value::BulkString(bytes) if bytes == call.as_bytes())
+}
+
+impl ConnectionLike for Link {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let numbered = if self.carries_subscriptions() { numbered(cmd) } else { None };
+        let Some((numbered, call)) = numbered else { return self.send(cmd) };
+        Box::pin(async move {
+            match self.send(&numbered).await? {
+                // The call failed as a whole (NOSCRIPT, say, or the script raised): its error, not a reply.
+                error @ Value::ServerError(_) => Ok(error),
+                reply => match answer_to(&call, reply) {
+                    Some(Value::ServerError(e)) => Err(e.into()),
+                    Some(own) => Ok(own),
+                    None => {
+                        self.out_of_step();
+                        Err(out_of_step_error())
+                    }
+                },
+            }
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        if !self.carries_subscriptions() || !cmd.cmd_iter().any(is_script_call) {
+            return self.send_all(cmd, offset, count);
+        }
+        Box::pin(async move {
+            let mut pipeline = redis::pipe();
+            let mut calls = Vec::new();
+            for c in cmd.cmd_iter() {
+                match numbered(c) {
+                    Some((numbered, call)) => {
+                        pipeline.add_command(numbered);
+                        calls.push(Some(call));
+                    }
+                    None => {
+                        pipeline.add_command(c.clone());
+                        calls.push(None);
+                    }
+                }
+            }
+            let replies = self.send_all(&pipeline, offset, count).await?;
+            let answers: RedisResult<Vec<Value>> = replies
+                .into_iter()
+                .zip(calls.iter().skip(offset))
+                .map(|(reply, call)| match (call, reply) {
+                    // A call that failed as a whole (NOSCRIPT, say) is its own error; `ignore_errors` hands it on.
+                    (_, error @ Value::ServerError(_)) => Ok(error),
+                    (Some(call), reply) => answer_to(call, reply).ok_or_else(out_of_step_error),
+                    (None, reply) => Ok(reply),
+                })
+                .collect();
+            if answers.is_err() {
+                // Every call of the pipeline fails: a reply that answers another call says nothing of this one's.
+                self.out_of_step();
+            }
+            answers
+        })
     }
 
     fn get_db(&self) -> i64 {
@@ -220,5 +409,54 @@ impl ConnectionLike for Link {
 impl super::batch::Transport for Link {
     async fn call(&self, ops: &[super::batch::Op<'_>]) -> RedisResult<Value> {
         super::send_script(&mut self.clone(), |by_source| super::batch::command(ops, by_source)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(cmd: &Cmd) -> Vec<Vec<u8>> {
+        cmd.args_iter().map(|a| if let Arg::Simple(a) = a { a.to_vec() } else { Vec::new() }).collect()
+    }
+
+    #[test]
+    fn calls_of_our_scripts_are_numbered_and_other_commands_are_not() {
+        let script = &*scripts::RELEASE;
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(&script.sha).arg(1).arg("key").arg("token");
+        let (numbered_call, call) = numbered(&evalsha).expect("a call of a script of ours is numbered");
+        let sent = args(&numbered_call);
+        assert_eq!(sent[1], script.numbered.sha.as_bytes(), "the same script in the call-number frame");
+        assert_eq!(sent[2..5], args(&evalsha)[2..], "the same keys and arguments");
+        assert_eq!(sent.last().map(Vec::as_slice), Some(call.as_bytes()), "the number is the last argument");
+        let (_, next) = numbered(&evalsha).expect("numbered");
+        assert_ne!(call, next, "every call gets its own number");
+
+        let mut eval = redis::cmd("eval");
+        eval.arg(script.source).arg(1).arg("key").arg("token");
+        let (numbered_eval, _) = numbered(&eval).expect("EVAL in any case");
+        assert_eq!(args(&numbered_eval)[1], script.numbered.source.as_bytes());
+
+        assert!(numbered(&redis::cmd("WAIT")).is_none());
+        assert!(numbered(redis::cmd("EVAL").arg("return 1").arg(0)).is_none(), "not a script of ours");
+    }
+
+    #[test]
+    fn a_reply_is_used_only_by_the_call_it_answers() {
+        let reply = |call: &str, own: Value| Value::Array(vec![Value::BulkString(call.into()), own]);
+        assert_eq!(answer_to("7", reply("7", Value::Int(1))), Some(Value::Int(1)));
+        assert_eq!(
+            answer_to("7", Value::Array(vec![Value::BulkString(b"7".to_vec())])),
+            Some(Value::Nil),
+            "a nil reply"
+        );
+        assert_eq!(answer_to("7", reply("6", Value::Int(1))), None, "another call's reply");
+        assert_eq!(answer_to("7", Value::Int(1)), None, "an unnumbered reply");
+        let subscribed = Value::Push {
+            kind: redis::PushKind::Subscribe,
+            data: vec![Value::BulkString(b"distlock:{a}:released".to_vec()), Value::Int(1)],
+        };
+        assert_eq!(answer_to("7", subscribed), None, "a subscription's confirmation (seen during a slot migration)");
     }
 }

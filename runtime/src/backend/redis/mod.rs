@@ -8,7 +8,8 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, Value};
 
-use super::{Attempt, Capabilities, Fencing, Hold, LockKeys, Queueing, ReleaseWatch, Renewal, Store, WakeUps};
+use super::{Attempt, Capabilities, Fencing, Hold, LockKeys, Place, Queueing, ReleaseWatch, Renewal, ScanState};
+use super::{Store, WakeUps};
 use crate::error::BackendError;
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
@@ -23,6 +24,7 @@ mod batch;
 mod config_errors;
 mod connect;
 mod link;
+mod listing;
 mod scripts;
 mod subscriber;
 mod window;
@@ -385,6 +387,14 @@ impl Store for RedisBackend {
         Ok(deleted == 1)
     }
 
+    async fn scan(&self, scan: &mut ScanState, pattern: &str, count: usize) -> Result<Vec<String>, LockError> {
+        self.scan_step(scan, pattern, count).await
+    }
+
+    async fn waiters(&self, keys: &LockKeys, limit: usize) -> Result<Vec<Place>, LockError> {
+        self.queued(keys, limit).await
+    }
+
     async fn watch_releases(&self, keys: &LockKeys, token: &LockToken) -> Result<ReleaseWatch, LockError> {
         self.subscriber.watch(&keys.channel(), token).await.map_err(|e| self.error(keys, e))
     }
@@ -422,10 +432,21 @@ async fn send_script<T: FromRedisValue>(
 const CLUSTER_SETTLE_RETRIES: usize = 5;
 const CLUSTER_SETTLE_PAUSE: Duration = Duration::from_millis(100);
 
-/// MOVED, ASK, TRYAGAIN or CLUSTERDOWN: the cluster is moving a slot or electing a primary.
+/// MOVED, ASK, TRYAGAIN or CLUSTERDOWN: the cluster is moving a slot or electing a primary. Or a reply that
+/// answered another call, seen during slot migrations (link.rs). Or a script that
+/// found one of its lock's keys already moved to the slot's new node while the record was still here ("non
+/// local key": the scripts reach the lock's other keys by name, in the record's slot); it stopped at that
+/// command, and sent again it finds the keys together, or is redirected with the record.
 fn is_cluster_in_flux(e: &redis::RedisError) -> bool {
-    use redis::ServerErrorKind::{Ask, ClusterDown, Moved, TryAgain};
-    matches!(e.kind(), redis::ErrorKind::Server(Moved | Ask | TryAgain | ClusterDown))
+    use redis::ServerErrorKind::{Ask, ClusterDown, Moved, ResponseError, TryAgain};
+    match e.kind() {
+        redis::ErrorKind::Server(Moved | Ask | TryAgain | ClusterDown) => true,
+        redis::ErrorKind::Server(ResponseError) => e.to_string().contains("non local key"),
+        // Its reply went to another call (link.rs): the call may or may not have run, and every script is
+        // safe to send again with the same token (a grant it made is claimed again, a release finds the lock
+        // gone), once the connection is replaced.
+        _ => link::is_out_of_step(e),
+    }
 }
 
 /// A RENEW_MANY call's reply for its `count` locks, appended to `out` in order: each lock's outcome, the error

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use self::round::{clone_error, count, Unfinished};
 use super::{Attempt, Capabilities, ConnectSettings, Fencing, Hold, LockKeys, Queueing, RedisBackend, ReleaseWatch};
-use super::{Renewal, Store, WakeUps};
+use super::{Place, Renewal, ScanState, Store, WakeUps};
 use crate::error::{redact_url, BackendError};
 
 mod round;
@@ -380,6 +380,28 @@ impl Store for RedlockBackend {
             return Err(self.no_quorum("answered", answered, replies));
         }
         Ok(replies.iter().any(|r| matches!(r, Ok(true))))
+    }
+
+    /// Every server in turn: a lock held by a quorum shows up once per server holding it (callers that need
+    /// each lock once sort and deduplicate, or ask [`info`](Self::info), which counts the quorum).
+    async fn scan(&self, scan: &mut ScanState, pattern: &str, count: usize) -> Result<Vec<String>, LockError> {
+        let Some(server) = self.servers.get(scan.server) else {
+            scan.done = true;
+            return Ok(Vec::new());
+        };
+        let mut on_server = ScanState { cursor: scan.cursor, ..ScanState::default() };
+        let found = server.scan(&mut on_server, pattern, count).await?;
+        scan.cursor = on_server.cursor;
+        if on_server.done {
+            (scan.server, scan.cursor) = (scan.server + 1, 0);
+            scan.done = scan.server == self.servers.len();
+        }
+        Ok(found)
+    }
+
+    /// Redlock never queues: nobody waits in line.
+    async fn waiters(&self, _keys: &LockKeys, _limit: usize) -> Result<Vec<Place>, LockError> {
+        Ok(Vec::new())
     }
 
     /// Never called: the engine listens only on stores whose wake-ups are exact, and Redlock has none.

@@ -8,7 +8,7 @@
 local R, token, ttl, holder = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 -- The common case runs before the other functions are defined: defining them costs time on every call.
 if redis.call('exists', R, R .. ':queue') == 0 then
-  return {GRANTED, grant(R, token, ttl, holder), tonumber(ttl)}
+  return {GRANTED, grant(R, token, ttl, holder), ttl}
 end
 -- #include hand_over queue acquire_fn
 return {acquire(R, token, ttl, holder, ARGV[4] or '0', ARGV[5] or '0')}

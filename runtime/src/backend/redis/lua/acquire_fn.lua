@@ -7,18 +7,18 @@
 -- Needs grant, hand_over, fence_of and enqueue.
 local function acquire(R, token, ttl, holder, register, lease)
   if redis.call('exists', R, R .. ':queue') == 0 then
-    return GRANTED, grant(R, token, ttl, holder), tonumber(ttl)
+    return GRANTED, grant(R, token, ttl, holder), ttl
   end
   local v = redis.call('get', R)
   if not v and hand_over(R) then v = redis.call('get', R) end
   if v then
     if string.sub(v, 1, TOKEN_END) == token then
       redis.call('pexpire', R, ttl)
-      return GRANTED, fence_of(v), tonumber(ttl)
+      return GRANTED, fence_of(v), ttl
     end
     register = tonumber(register)
     if register > 0 then enqueue(R, v, token, register, lease, holder) end
     return BUSY, fence_of(v), redis.call('pttl', R)
   end
-  return GRANTED, grant(R, token, ttl, holder), tonumber(ttl)
+  return GRANTED, grant(R, token, ttl, holder), ttl
 end

@@ -11,7 +11,7 @@ local function hand_over(R)
     local w = redis.call('getdel', R .. ':waiter:' .. heir)
     if w then
       local lease, holder = string.match(w, '^(%d+):(.*)$')
-      local _, fence, now = next_fence(R, lease)
+      local fence, now = next_fence(R, lease)
       redis.call('set', R, heir .. '+' .. fence .. ':' .. now .. ':' .. holder, 'px', lease)
       redis.call('publish', R .. ':released', heir .. ':' .. fence .. ':' .. lease)
       return heir

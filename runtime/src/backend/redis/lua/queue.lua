@@ -1,10 +1,10 @@
--- fence_of(record value) → the holder's fencing token.
+-- fence_of(record value) → the holder's fencing token (decimal text).
 -- enqueue(R, v, token, register ms, hand-over lease ms, holder): a busy attempt's place in the queue
 -- `<R>:queue` (a sorted set of waiter tokens by arrival time), taken or refreshed, with its details in
 -- `<R>:waiter:<token>` (`<hand-over lease ms>:<holder>`, expiring unless refreshed within `register`), and
 -- the record `v` marked so that its release looks at the queue.
 local function fence_of(v)
-  return tonumber(string.match(v, '^(%d+)', FENCE_AT))
+  return string.match(v, '^(%d+)', FENCE_AT)
 end
 local function enqueue(R, v, token, register, lease, holder)
   local Q = R .. ':queue'

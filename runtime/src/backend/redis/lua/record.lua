@@ -13,8 +13,9 @@ local MARK_AT = 33
 local FENCE_AT = 34
 local QUEUED_MARK = 43
 local NOBODY = '--------------------------------'
--- How long past a grant's lease its fencing token is remembered, in ms (backend::FENCE_RETENTION).
-local RETENTION_MS = 60000
+-- How long past a grant's lease its fencing token may be remembered, in ms: backend::FENCE_RETENTION (at
+-- least) + 2 backend::FENCE_REFRESH (see fence.lua).
+local KEEP_MS = 260000
 -- First values of the acquire and release replies.
 local BUSY = 0
 local GRANTED = 1

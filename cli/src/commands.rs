@@ -1,0 +1,234 @@
+//! `ls`, `show` and `release`.
+
+use std::io::{BufWriter, IsTerminal, Write};
+use std::time::Duration;
+
+use tokio::io::AsyncBufReadExt;
+
+use crate::render::{fence, printable, short, Row, Table};
+use crate::{Exit, Failure};
+
+/// How many records are read at once: one page of names, its reads pipelined.
+const BATCH: usize = 1000;
+
+/// The rows of the held locks among `names` (in that order), skipping any released since it was listed.
+pub(crate) async fn rows(client: &distlock::Client, names: Vec<String>) -> Result<Vec<Row>, Failure> {
+    let infos = client.lock_infos(&names).await?;
+    Ok(names.into_iter().zip(infos).filter_map(|(name, info)| Some(Row::new(name, info.as_ref()?))).collect())
+}
+
+/// Every held lock matching `pattern`, sorted by name (`watch` shows a screenful; `ls` streams instead).
+pub(crate) async fn sorted_names(client: &distlock::Client, pattern: &str) -> Result<Vec<String>, Failure> {
+    let mut listing = client.list_locks(pattern);
+    let mut names = Vec::new();
+    while let Some(page) = listing.next_page().await? {
+        names.extend(page);
+    }
+    names.sort_unstable();
+    names.dedup();
+    Ok(names)
+}
+
+/// Prints rows as a table or as the elements of one JSON array, as they come.
+struct Printer<W: Write> {
+    out: W,
+    json: bool,
+    table: Table,
+    printed: usize,
+}
+
+impl<W: Write> Printer<W> {
+    fn print(&mut self, rows: &[Row]) -> Result<(), Failure> {
+        for row in rows {
+            match (self.json, self.printed) {
+                (true, 0) => write!(self.out, "[\n{}", json(row))?,
+                (true, _) => write!(self.out, ",\n{}", json(row))?,
+                (false, 0) => {
+                    self.table.header(&mut self.out)?;
+                    self.table.row(&mut self.out, row)?;
+                }
+                (false, _) => self.table.row(&mut self.out, row)?,
+            }
+            self.printed += 1;
+        }
+        self.out.flush()?;
+        Ok(())
+    }
+
+    fn finish(mut self, pattern: &str) -> Result<(), Failure> {
+        if self.json {
+            writeln!(self.out, "{}", if self.printed == 0 { "[]" } else { "\n]" })?;
+        } else if self.printed == 0 {
+            eprintln!("no lock held matching `{}`", printable(pattern));
+        }
+        self.out.flush()?;
+        Ok(())
+    }
+}
+
+fn json(row: &Row) -> String {
+    // A struct of strings and numbers always serializes.
+    serde_json::to_string(row).unwrap_or_default()
+}
+
+/// `distlock ls`: sorted, the names are gathered first (memory: the names alone), then their records read
+/// and printed a batch at a time; `--unsorted` prints each page as it is scanned.
+pub(crate) async fn ls(client: &distlock::Client, pattern: &str, json: bool, unsorted: bool) -> Result<(), Failure> {
+    let out = BufWriter::new(std::io::stdout().lock());
+    if unsorted {
+        let mut printer = Printer { out, json, table: Table::new(MAX_UNSORTED_KEY), printed: 0 };
+        let mut listing = client.list_locks(pattern);
+        while let Some(mut page) = listing.next_page().await? {
+            page.sort_unstable();
+            page.dedup();
+            printer.print(&rows(client, page).await?)?;
+        }
+        return printer.finish(pattern);
+    }
+    let names = sorted_names(client, pattern).await?;
+    let longest = names.iter().map(|n| printable(n).chars().count()).max().unwrap_or(0);
+    let mut printer = Printer { out, json, table: Table::new(longest), printed: 0 };
+    let mut names = names.into_iter();
+    loop {
+        let batch: Vec<String> = names.by_ref().take(BATCH).collect();
+        if batch.is_empty() {
+            break;
+        }
+        printer.print(&rows(client, batch).await?)?;
+    }
+    printer.finish(pattern)
+}
+
+/// The key column's width when the names are not known in advance.
+const MAX_UNSORTED_KEY: usize = 32;
+
+/// The lock's row, or the "not held" failure.
+async fn held(client: &distlock::Client, key: &str) -> Result<Row, Failure> {
+    match client.lock_info(key).await? {
+        Some(info) => Ok(Row::new(key.to_owned(), &info)),
+        None => Err(Failure::new(Exit::NotFound, format!("lock `{}` is not held", printable(key)))),
+    }
+}
+
+/// One waiter, as `show` prints it.
+#[derive(Debug, serde::Serialize)]
+struct Waiter {
+    position: usize,
+    owner: String,
+    metadata: String,
+    waiting_for_ms: u128,
+}
+
+/// `distlock show KEY`.
+pub(crate) async fn show(client: &distlock::Client, key: &str, json: bool) -> Result<(), Failure> {
+    let row = held(client, key).await?;
+    let queue: Vec<Waiter> = client
+        .lock_waiters(key)
+        .await?
+        .into_iter()
+        .enumerate()
+        .map(|(i, w)| Waiter {
+            position: i + 1,
+            owner: w.owner,
+            metadata: w.metadata,
+            waiting_for_ms: w.waiting_for.as_millis(),
+        })
+        .collect();
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    if json {
+        #[derive(serde::Serialize)]
+        struct Shown<'a> {
+            #[serde(flatten)]
+            row: &'a Row,
+            queue: &'a [Waiter],
+        }
+        let text = serde_json::to_string_pretty(&Shown { row: &row, queue: &queue }).unwrap_or_default();
+        writeln!(out, "{text}")?;
+        out.flush()?;
+        return Ok(());
+    }
+    writeln!(out, "key:            {}", printable(&row.key))?;
+    writeln!(out, "owner:          {}", printable(&row.owner))?;
+    writeln!(out, "metadata:       {}", printable(&row.metadata))?;
+    writeln!(out, "held for:       {}", short(Duration::from_millis(row.held_for_ms as u64)))?;
+    writeln!(out, "lease left:     {}", short(Duration::from_millis(row.lease_left_ms as u64)))?;
+    writeln!(out, "fencing token:  {}", fence(row.fencing_token))?;
+    let stale = row.waiters.saturating_sub(queue.len());
+    match (queue.len(), stale) {
+        (0, 0) => writeln!(out, "queue:          empty")?,
+        (n, 0) => writeln!(out, "queue:          {n} waiting, first in line first")?,
+        (n, stale) => writeln!(
+            out,
+            "queue:          {n} waiting, first in line first (and {stale} places whose waiters stopped refreshing \
+             them, or past the first {}; a release skips the former)",
+            distlock::MAX_WAITERS_LISTED
+        )?,
+    }
+    for w in &queue {
+        writeln!(
+            out,
+            "  {:>3}. {:<24}  waiting {:>8}  {}",
+            w.position,
+            printable(&w.owner),
+            short(Duration::from_millis(w.waiting_for_ms as u64)),
+            printable(&w.metadata)
+        )?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// `distlock release KEY`: shows the holder, asks (unless `--yes`; refused without a terminal), frees it.
+pub(crate) async fn release(client: &distlock::Client, key: &str, yes: bool) -> Result<(), Failure> {
+    let row = held(client, key).await?;
+    let shown = printable(key);
+    if !yes {
+        if !std::io::stdin().is_terminal() {
+            return Err(Failure::new(
+                Exit::Refused,
+                format!("not releasing `{shown}`: standard input is not a terminal to confirm on; add --yes to release without asking"),
+            ));
+        }
+        eprintln!(
+            "lock `{shown}` is held by {} ({}) for {}, lease left {}, fencing token {}, {} waiting.\n\
+             Force-releasing frees it now; the holder learns it at its next renewal and may act as holder until then.",
+            printable(&row.owner),
+            printable(&row.metadata),
+            short(Duration::from_millis(row.held_for_ms as u64)),
+            short(Duration::from_millis(row.lease_left_ms as u64)),
+            fence(row.fencing_token),
+            row.waiters,
+        );
+        eprint!("Release `{shown}`? [y/N] ");
+        let mut answer = String::new();
+        tokio::io::BufReader::new(tokio::io::stdin()).read_line(&mut answer).await.map_err(|e| {
+            Failure::new(Exit::Refused, format!("not releasing `{shown}`: cannot read the answer: {e}"))
+        })?;
+        if !matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") {
+            return Err(Failure::new(Exit::Refused, format!("not releasing `{shown}`")));
+        }
+        // The answer may have taken a while: free only the grant that was confirmed, not a later holder's.
+        let now = held(client, key).await?;
+        if (now.fencing_token, &now.owner, &now.metadata) != (row.fencing_token, &row.owner, &row.metadata)
+            || now.held_for_ms < row.held_for_ms
+        {
+            return Err(Failure::new(
+                Exit::Refused,
+                format!(
+                    "not releasing `{shown}`: it changed hands while you answered (now held by {}, fencing token {}); run release again",
+                    printable(&now.owner),
+                    fence(now.fencing_token)
+                ),
+            ));
+        }
+    }
+    if client.force_unlock(key).await? {
+        println!("released `{shown}`");
+        Ok(())
+    } else {
+        Err(Failure::new(
+            Exit::NotFound,
+            format!("lock `{shown}` was released or expired meanwhile: nothing to release"),
+        ))
+    }
+}

@@ -1,0 +1,128 @@
+//! How locks are shown: table rows for people (durations made short, control characters escaped so a
+//! record cannot drive the terminal) and JSON objects for scripts (durations in milliseconds, text as stored).
+
+use std::io::Write;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// One held lock, as `ls`, `show` and `watch` print it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Row {
+    pub(crate) key: String,
+    pub(crate) owner: String,
+    pub(crate) metadata: String,
+    pub(crate) held_for_ms: u128,
+    pub(crate) lease_left_ms: u128,
+    /// 0 on Redlock, which has no fencing tokens.
+    pub(crate) fencing_token: u64,
+    /// Queue places, as the record's store counts them (including places of waiters that stopped refreshing).
+    pub(crate) waiters: usize,
+}
+
+impl Row {
+    pub(crate) fn new(key: String, info: &distlock::LockInfo) -> Self {
+        Self {
+            key,
+            owner: info.owner.clone(),
+            metadata: info.metadata.clone(),
+            held_for_ms: info.held_for.as_millis(),
+            lease_left_ms: info.remaining_ttl.as_millis(),
+            fencing_token: info.fencing_token,
+            waiters: info.waiting,
+        }
+    }
+}
+
+/// The table's columns: fixed widths but for the key's (the longest name's, up to a limit) and the last.
+pub(crate) struct Table {
+    key_width: usize,
+}
+
+/// Longer names overflow their column rather than widen it for every row.
+const MAX_KEY_WIDTH: usize = 48;
+const OWNER_WIDTH: usize = 24;
+
+impl Table {
+    /// A table whose key column fits `longest` characters.
+    pub(crate) fn new(longest: usize) -> Self {
+        Self { key_width: longest.clamp(3, MAX_KEY_WIDTH) }
+    }
+
+    pub(crate) fn header(&self, out: &mut impl Write) -> std::io::Result<()> {
+        writeln!(
+            out,
+            "{:<kw$}  {:>9}  {:>10}  {:>16}  {:>7}  {:<ow$}  METADATA",
+            "KEY",
+            "HELD FOR",
+            "LEASE LEFT",
+            "FENCING TOKEN",
+            "WAITERS",
+            "OWNER",
+            kw = self.key_width,
+            ow = OWNER_WIDTH
+        )
+    }
+
+    pub(crate) fn row(&self, out: &mut impl Write, row: &Row) -> std::io::Result<()> {
+        writeln!(
+            out,
+            "{:<kw$}  {:>9}  {:>10}  {:>16}  {:>7}  {:<ow$}  {}",
+            printable(&row.key),
+            short(Duration::from_millis(row.held_for_ms as u64)),
+            short(Duration::from_millis(row.lease_left_ms as u64)),
+            fence(row.fencing_token),
+            row.waiters,
+            printable(&row.owner),
+            printable(&row.metadata),
+            kw = self.key_width,
+            ow = OWNER_WIDTH
+        )
+    }
+}
+
+/// A fencing token, or `-` for none (Redlock).
+pub(crate) fn fence(token: u64) -> String {
+    if token == 0 {
+        "-".into()
+    } else {
+        token.to_string()
+    }
+}
+
+/// `text` with control characters (escape sequences, newlines) shown escaped.
+pub(crate) fn printable(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_owned();
+    }
+    text.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
+}
+
+/// `850ms`, `12.3s`, `4m05s`, `2h03m`, `3d04h`.
+pub(crate) fn short(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0 => format!("{}ms", d.as_millis()),
+        1..=59 => format!("{:.1}s", d.as_secs_f64()),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86399 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86400, s % 86400 / 3600),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_short_and_text_cannot_drive_the_terminal() {
+        let cases =
+            [(850, "850ms"), (12_340, "12.3s"), (245_000, "4m05s"), (7_380_000, "2h03m"), (273_600_000, "3d04h")];
+        for (ms, text) in cases {
+            assert_eq!(short(Duration::from_millis(ms)), text);
+        }
+        assert_eq!(printable("a\x1b[2Jb\n"), "a\\u{1b}[2Jb\\n");
+        assert_eq!(printable("plain é"), "plain é");
+        assert_eq!(fence(0), "-");
+    }
+}

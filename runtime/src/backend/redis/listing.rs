@@ -1,0 +1,70 @@
+//! Listing: SCAN over record keys (on a cluster, every primary in turn) and a lock's queue, read by the
+//! WAITERS script. Reads only; the records themselves are read by INFO, one call per lock.
+
+use std::time::Duration;
+
+use redis::Cmd;
+
+use super::scripts::record::split_holder;
+use super::scripts::WAITERS;
+use super::{unexpected_reply, RedisBackend};
+use crate::backend::{LockKeys, Place, ScanState};
+use crate::error::BackendError;
+use crate::LockError;
+
+impl RedisBackend {
+    /// One SCAN step (see [`Store::scan`](crate::backend::Store::scan)); on a cluster, the primaries are read
+    /// once, when the scan starts, and scanned one after another.
+    pub(super) async fn scan_step(
+        &self,
+        scan: &mut ScanState,
+        pattern: &str,
+        count: usize,
+    ) -> Result<Vec<String>, LockError> {
+        let failed = |e| LockError::from(BackendError::new(&self.server, None, e));
+        if scan.nodes.is_none() {
+            scan.nodes = Some(self.commands.cluster_primaries().await.map_err(failed)?.unwrap_or_default());
+        }
+        let nodes = scan.nodes.as_deref().unwrap_or_default();
+        let mut cmd = Cmd::new();
+        cmd.arg("SCAN").arg(scan.cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(count.max(1));
+        let (cursor, keys): (u64, Vec<String>) = match nodes.get(scan.server) {
+            Some((host, port)) => self.commands.query_on_address(cmd, host, *port).await,
+            None if nodes.is_empty() => cmd.query_async(&mut self.commands.clone()).await,
+            None => {
+                scan.done = true;
+                return Ok(Vec::new());
+            }
+        }
+        .map_err(failed)?;
+        scan.cursor = cursor;
+        if cursor == 0 {
+            scan.server += 1;
+            scan.done = scan.server >= nodes.len().max(1);
+        }
+        Ok(keys)
+    }
+
+    /// The live waiters in `keys`'s queue, from its head, at most `limit` places looked at.
+    pub(super) async fn queued(&self, keys: &LockKeys, limit: usize) -> Result<Vec<Place>, LockError> {
+        let places: Vec<(String, i64, i64)> = self
+            .eval(&WAITERS, keys, |c| {
+                c.arg(1).arg(&keys.record).arg(limit.max(1));
+            })
+            .await?;
+        let mut live = Vec::with_capacity(places.len());
+        for (holder, waited_us, pttl) in places {
+            // A place whose waiter stopped refreshing it: the next release skips it.
+            if pttl < 0 && pttl != -1 {
+                continue;
+            }
+            let (owner, metadata) = split_holder(&holder).ok_or_else(|| self.error(keys, unexpected_reply()))?;
+            live.push(Place {
+                owner: owner.to_owned(),
+                metadata: metadata.to_owned(),
+                waited: Duration::from_micros(waited_us.max(0) as u64),
+            });
+        }
+        Ok(live)
+    }
+}
