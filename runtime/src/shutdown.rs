@@ -10,10 +10,77 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
 
 use crate::grant::Grant;
+use crate::Client;
+
+impl Client {
+    /// Shuts this client down gracefully, for the end of a process (a SIGTERM): stops taking locks, gives the
+    /// lock bodies under way `grace` to finish, then releases every lock the client still holds, and resolves
+    /// when nothing of the client is left on the server and none of its lock bodies runs any more.
+    ///
+    /// - **At once**: every new request ([`acquire`](crate::LockRequest::acquire), `try_acquire`, `run`, the
+    ///   attribute) fails with [`ShuttingDown`](crate::LockError::ShuttingDown), and so does every request
+    ///   still waiting for a lock: it leaves the wait queue. A request granted while shutdown starts gives the
+    ///   grant back. A nested (reentrant) request inside a running body still succeeds: it asks the server for
+    ///   nothing.
+    /// - **During `grace`**: bodies and guards keep their locks, renewed as usual. If all of them end sooner,
+    ///   shutdown goes on at once.
+    /// - **After `grace`**: every lock still held is *lost*: [`LockGuard::is_lost`](crate::LockGuard::is_lost)
+    ///   turns true and [`LockGuard::lost`](crate::LockGuard::lost) resolves before the lock is released, so a
+    ///   body under [`OnLost::Abort`](crate::OnLost::Abort) (the default) is dropped and its `run` returns
+    ///   [`Lost`](crate::LockError::Lost), as for any lost lock. Then each is released on the server by
+    ///   compare-and-delete of its own token (a lock taken with [`min_hold`](crate::LockRequest::min_hold)
+    ///   stays kept by nobody until its `min_hold` is up, as after any release).
+    /// - **Resolves** once every request's clean-up is done (queue places withdrawn, grants given back), every
+    ///   release has been sent and every [`run`](crate::LockRequest::run) (and annotated function) of this
+    ///   client has returned: no lock body of this client starts or runs after it. A body under
+    ///   [`OnLost::Continue`](crate::OnLost::Continue) is told its lock is lost and awaited like the others,
+    ///   so it should stop on [`LockGuard::lost`](crate::LockGuard::lost); code that holds a
+    ///   [`LockGuard`](crate::LockGuard) itself, outside `run`, is told and not awaited.
+    ///
+    /// What stays on the server is what outlives any release by design, each with an expiry: a lock's fencing
+    /// key (`<record>:fence`, kept a few minutes past the last lease so that tokens keep rising; the README's
+    /// "What is stored in Redis" gives its life) and records kept by `min_hold`. If the server cannot be
+    /// reached, a release or withdrawal that fails is logged and what it would have removed expires by itself
+    /// (records with their lease, queue places within three retry intervals); shutdown still resolves.
+    ///
+    /// Shutdown is for good: the client, all its clones and the client [`install`](crate::install)ed as the
+    /// global one (if it is one of them) refuse lock requests from then on, and `install` cannot replace it;
+    /// [`lock_info`](Client::lock_info) and [`force_unlock`](Client::force_unlock) still work. Calling it again
+    /// waits again for the same things. Do not await it inside one of this client's lock bodies: it waits
+    /// for that body to end.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// use std::time::Duration;
+    /// let client = distlock::Client::builder().memory().build().await?;
+    /// let job = tokio::spawn({
+    ///     let client = client.clone();
+    ///     async move { client.lock("job").run(std::future::pending::<()>()).await } // a body that never ends
+    /// });
+    /// while client.lock_info("job").await?.is_none() { tokio::task::yield_now().await }
+    /// client.shutdown(Duration::from_millis(200)).await;
+    /// assert!(matches!(job.await.unwrap(), Err(distlock::LockError::Lost { .. })));
+    /// assert!(client.lock_info("job").await?.is_none(), "released");
+    /// assert!(matches!(client.lock("job").acquire().await, Err(distlock::LockError::ShuttingDown)));
+    /// # Ok(()) }
+    /// ```
+    pub async fn shutdown(&self, grace: Duration) {
+        let shutdown = &self.inner.shutdown;
+        shutdown.start();
+        // Bodies and guards may finish in the grace period; if all do, there is nothing to wait for.
+        let _ = tokio::time::timeout(grace, shutdown.idle()).await;
+        let held = shutdown.live_grants().into_iter().filter(|grant| grant.is_unsettled());
+        futures_util::future::join_all(held.map(|grant| async move { grant.release_for_shutdown().await })).await;
+        // Withdrawals, give-backs and releases under way elsewhere, and the `run` calls whose bodies are being
+        // dropped.
+        shutdown.idle().await;
+    }
+}
 
 /// A client's shutdown state: whether it started, what is still active, the live grants.
 #[derive(Debug)]
