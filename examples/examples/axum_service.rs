@@ -7,6 +7,11 @@
 //! curl -i -X POST http://127.0.0.1:3000/reports/7 & curl -i -X POST http://127.0.0.1:3000/reports/7
 //! ```
 //!
+//! With `--serve`, Ctrl-C or SIGTERM shuts it down gracefully: axum stops accepting connections, and
+//! `Client::shutdown` makes new lock requests fail at once (`503`), gives the reports being built
+//! `GRACE` to finish, then releases what is still held (those requests get `500`), so no lock of this
+//! process is left behind for the other replicas to wait out.
+//!
 //! `POST /reports/{id}` builds report `id` under the lock `report:<id>`: while one request builds it, another
 //! for the same id gets `409 Conflict` with a `Retry-After` from the holder's remaining lease; a backend that is
 //! down gives `503`, a lock lost mid-build `500`. The client reaches the handler through
@@ -91,6 +96,44 @@ async fn send_post(address: std::net::SocketAddr, path: &str) -> std::io::Result
     Ok((status, retry_after))
 }
 
+/// How long reports being built may take to finish once the service is stopping.
+const GRACE: Duration = Duration::from_secs(10);
+
+/// Serves `app` on `listener` until `stop` resolves, then shuts down gracefully: no new connections, no new
+/// locks, bodies under way get `GRACE`; returns once every request is answered and every lock released.
+async fn serve(
+    listener: tokio::net::TcpListener,
+    client: Client,
+    stop: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    let (stopping, stopping_seen) = tokio::sync::watch::channel(false);
+    let server = axum::serve(listener, app(client.clone())).with_graceful_shutdown(async move {
+        let _ = stopping_seen.clone().wait_for(|stopping| *stopping).await;
+    });
+    let server = tokio::spawn(std::future::IntoFuture::into_future(server));
+    stop.await;
+    stopping.send_replace(true);
+    client.shutdown(GRACE).await;
+    server.await.map_err(std::io::Error::other)?
+}
+
+/// Resolves on Ctrl-C or, on Unix, SIGTERM (what a container orchestrator sends before it kills).
+async fn stop_signal() {
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut sigterm) => drop(sigterm.recv().await),
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}
+
 /// Serves on a free port and sends two requests for one report, the second while the first builds it.
 async fn two_requests(client: Client) -> Result<[(u16, Option<String>); 2], Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -117,12 +160,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     if std::env::args().any(|a| a == "--serve") {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
-        println!("POST http://{}/reports/{{id}} (Ctrl-C stops)", listener.local_addr()?);
-        axum::serve(listener, app(client))
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await?;
+        println!("POST http://{}/reports/{{id}} (Ctrl-C or SIGTERM stops)", listener.local_addr()?);
+        serve(listener, client, stop_signal()).await?;
+        println!("stopped: every request answered, every lock released");
         return Ok(());
     }
     let [first, second] = two_requests(client).await?;
@@ -154,5 +194,25 @@ mod tests {
         tokio::spawn(std::future::IntoFuture::into_future(axum::serve(listener, app(client))));
         assert_eq!(send_post(address, "/reports/7").await.expect("third").0, 200);
         assert_eq!(send_post(address, "/reports/8").await.expect("another").0, 200);
+    }
+
+    /// Stopping `serve` (as Ctrl-C or SIGTERM would) while a report is being built: that request still gets
+    /// its 200 within the grace period, `serve` returns, the lock is free and the client takes no new locks.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stop_lets_the_request_in_flight_finish_and_releases_everything() {
+        let client = Client::builder().memory().build().await.expect("client");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, client.clone(), async move { drop(stopped.await) }));
+        let in_flight = tokio::spawn(async move { send_post(address, "/reports/7").await });
+        while client.lock_info("report:7").await.expect("lock_info").is_none() {
+            tokio::task::yield_now().await;
+        }
+        stop.send(()).expect("serve is waiting");
+        assert_eq!(in_flight.await.expect("task").expect("response").0, 200);
+        tokio::time::timeout(GRACE, server).await.expect("serve returns").expect("task").expect("serve");
+        assert!(client.lock_info("report:7").await.expect("lock_info").is_none());
+        assert!(matches!(client.lock("report:7").acquire().await, Err(LockError::ShuttingDown)));
     }
 }

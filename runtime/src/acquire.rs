@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use crate::backend::{Announcement, Attempt, Hold, LockKeys, Queueing, Store, WakeUps};
 use crate::grant::{Grant, Lease};
 use crate::hooks::{reverted, Fix};
+use crate::shutdown::Activity;
 use crate::{Client, LockError, LockGuard, LockRequest, LockToken, RetryStrategy};
 
 /// The pause before trying again after an attempt failed while waiting.
@@ -147,7 +148,7 @@ async fn give_up(request: LockRequest, mut pending: Pending, started: Instant) -
             return give_back(request, pending, started).await;
         }
     }
-    let (keys, _) = pending.finish();
+    let (keys, ..) = pending.finish();
     let waited = started.elapsed();
     // Who kept it, for the caller's error: one more call, on the failure path only.
     let holder = if request.describe_holder {
@@ -173,8 +174,8 @@ async fn give_back(request: LockRequest, mut pending: Pending, started: Instant)
 }
 
 fn grant(request: LockRequest, pending: Pending, fence: u64, lease: Lease) -> LockGuard {
-    let (keys, token) = pending.finish();
-    LockGuard::new(Grant::new(request.client, keys, token, fence, lease, request.limits))
+    let (keys, token, activity) = pending.finish();
+    LockGuard::new(Grant::new(request.client, keys, token, fence, lease, request.limits, activity))
 }
 
 /// A hand-over heard as an announcement, with its lease, if provably fresh: its fencing token is above that of
@@ -208,7 +209,8 @@ fn queueing(request: &LockRequest, retry: u32) -> Queueing {
 
 /// A request under way: its lock names and token. If it is dropped (cancelled) or fails while an attempt
 /// may have reached the server, or while it stands in the queue, it cleans up in the background: it leaves
-/// the queue and releases, by its token, a grant or hand-over whose reply it never read.
+/// the queue and releases, by its token, a grant or hand-over whose reply it never read. The client's shutdown
+/// waits for it until then (its activity passes to the grant, or to the clean-up).
 #[derive(Debug)]
 struct Pending {
     client: Client,
@@ -216,18 +218,20 @@ struct Pending {
     token: LockToken,
     in_flight: bool,
     queued: bool,
+    activity: Option<Activity>,
 }
 
 impl Pending {
     fn new(client: &Client, keys: LockKeys, token: LockToken) -> Self {
-        Self { client: client.clone(), keys, token, in_flight: false, queued: false }
+        let activity = Some(client.inner.shutdown.activity());
+        Self { client: client.clone(), keys, token, in_flight: false, queued: false, activity }
     }
 
     /// The request ended with an answer: nothing to clean up.
-    fn finish(mut self) -> (LockKeys, LockToken) {
+    fn finish(mut self) -> (LockKeys, LockToken, Option<Activity>) {
         self.in_flight = false;
         self.queued = false;
-        (std::mem::take(&mut self.keys), std::mem::replace(&mut self.token, LockToken::blank()))
+        (std::mem::take(&mut self.keys), std::mem::replace(&mut self.token, LockToken::blank()), self.activity.take())
     }
 }
 
@@ -237,9 +241,10 @@ impl Drop for Pending {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let (client, queued) = (self.client.clone(), self.queued);
+        let (client, queued, activity) = (self.client.clone(), self.queued, self.activity.take());
         let (keys, token) = (std::mem::take(&mut self.keys), std::mem::replace(&mut self.token, LockToken::blank()));
         runtime.spawn(async move {
+            let _activity = activity; // until the clean-up is done
             let backend = &client.inner.backend;
             let ours = if queued { backend.withdraw(&keys, &token).await.map(|hold| hold.is_some()) } else { Ok(true) };
             // Released only if the record still carries this token; otherwise the script leaves it alone.
@@ -279,6 +284,7 @@ mod tests {
                 backend: Backend::Memory(store.clone()),
                 prefix: "t:".into(),
                 renewer: Default::default(),
+                shutdown: Default::default(),
             }),
         };
         let holder = client.lock("k").ttl(Duration::from_secs(10)).acquire().await.unwrap();

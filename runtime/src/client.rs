@@ -10,6 +10,7 @@ use crate::backend::{Backend, ConnectSettings, LockKeys, MemoryBackend, RedisBac
 use crate::backend::{Store, Timeouts};
 use crate::error::redact_url;
 use crate::renewer::Renewer;
+use crate::shutdown::Shutdown;
 use crate::{LockError, LockRequest};
 
 /// A handle to a lock store (one Redis server, or this process's memory). Cheap to clone; clones share one
@@ -33,6 +34,7 @@ pub(crate) struct ClientInner {
     pub(crate) backend: Backend,
     pub(crate) prefix: String,
     pub(crate) renewer: Renewer,
+    pub(crate) shutdown: Shutdown,
 }
 
 impl std::fmt::Debug for Client {
@@ -399,7 +401,14 @@ impl ClientBuilder {
             }
             StoreChoice::Memory => Backend::Memory(MemoryBackend::new(owner.into())),
         };
-        Ok(Client { inner: Arc::new(ClientInner { backend, prefix: self.prefix, renewer: Renewer::default() }) })
+        Ok(Client {
+            inner: Arc::new(ClientInner {
+                backend,
+                prefix: self.prefix,
+                renewer: Renewer::default(),
+                shutdown: Shutdown::default(),
+            }),
+        })
     }
 }
 
@@ -416,7 +425,9 @@ tokio::task_local! {
 }
 
 /// Installs `client` as the global client that `#[distributed_lock]` functions and [`current_client()`] use.
-/// Call it once at startup; a second call fails with [`LockError::AlreadyInstalled`].
+/// Call it once at startup; a second call fails with [`LockError::AlreadyInstalled`]. The installed client stays
+/// for the life of the process: after [`Client::shutdown`] (on it or any clone) the annotated functions fail
+/// with [`LockError::ShuttingDown`], and it cannot be replaced.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {

@@ -64,6 +64,10 @@ pub enum LockError {
         /// How many were required.
         required: u32,
     },
+    /// The client is shutting down ([`Client::shutdown`](crate::Client::shutdown)): it takes no new lock
+    /// requests, and a request that was waiting for a lock stopped waiting.
+    #[error("the distlock client is shutting down (Client::shutdown was called): it takes no new lock requests, and waiting ones stopped")]
+    ShuttingDown,
     /// A builder or request setting is out of range.
     #[error("invalid distlock configuration: {0}")]
     InvalidConfig(String),

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::backend::{LockKeys, Store};
 use crate::hooks::{reverted, Fix};
+use crate::shutdown::Activity;
 use crate::{Client, LockError, LockToken, ReleaseOutcome};
 
 /// The allowance for clock-rate drift between this process and Redis: 1% of the lease plus 2 ms.
@@ -91,6 +92,10 @@ pub(crate) struct Grant {
     renewal_done: Notify,
     /// This grant's entry in its client's renewal queue, if it has one.
     queued: Mutex<Option<QueueKey>>,
+    /// Its key in the client's registry of grants, which shutdown reads.
+    pub(crate) id: u64,
+    /// Until the release has been sent (or the server said the grant is gone): the client's shutdown waits.
+    activity: Mutex<Option<Activity>>,
 }
 
 /// Where an entry sits in the renewal queue: when it is due, and a sequence number that makes it unique.
@@ -104,8 +109,12 @@ impl Grant {
         fence: u64,
         lease: Lease,
         limits: HoldLimits,
+        activity: Option<Activity>,
     ) -> Self {
+        let id = client.inner.shutdown.next_grant_id();
         Self {
+            id,
+            activity: Mutex::new(activity),
             client,
             keys,
             token,
@@ -205,6 +214,19 @@ impl Grant {
         if newly && !self.is_finished() {
             tracing::warn!(key = %self.keys.name, token = %self.token, "distlock: lock lost: {why}");
         }
+        if gone {
+            self.settle();
+        }
+    }
+
+    /// Nothing of this grant is left on the server, or its release has been sent: shutdown stops waiting for it.
+    fn settle(&self) {
+        drop(self.activity.lock().unwrap_or_else(PoisonError::into_inner).take());
+    }
+
+    /// Whether the server may still hold this grant and nobody has sent its release yet.
+    pub(crate) fn is_unsettled(&self) -> bool {
+        !self.is_finished() && self.activity.lock().unwrap_or_else(PoisonError::into_inner).is_some()
     }
 
     /// Marks a renewal in flight, unless one already is or the grant is finished; the renewal is over when the
@@ -252,6 +274,7 @@ impl Grant {
     /// Finishes the grant without a release (the server no longer holds it, or the runtime is gone).
     pub(crate) fn abandon(&self) {
         self.finish();
+        self.settle();
     }
 
     /// Finishes the grant and releases it, after any renewal in flight has come back, so that no renewal
@@ -259,6 +282,26 @@ impl Grant {
     /// by the clock may still hold the lock on the server, and the release (by token: it cannot touch another
     /// owner's grant) frees it sooner.
     pub(crate) async fn release(&self) -> Result<ReleaseOutcome, LockError> {
+        let outcome = self.send_release().await;
+        // Sent, or failed: either way the lease bounds what is left.
+        self.settle();
+        outcome
+    }
+
+    /// The client is shutting down and this grant's holder did not give it back within the grace period: its
+    /// guard and body are told it is lost, then it is released. Afterwards it reads as gone, so the guard's own
+    /// release sends nothing.
+    pub(crate) async fn release_for_shutdown(&self) {
+        self.mark_lost("the client is shutting down; its grace period ended with the lock still held");
+        match self.release().await {
+            Ok(_) => self.mark_gone("released by the client's shutdown"),
+            Err(e) => {
+                tracing::warn!(key = %self.keys.name, error = %e, "distlock: shutdown could not release a lock; it frees when its lease runs out");
+            }
+        }
+    }
+
+    async fn send_release(&self) -> Result<ReleaseOutcome, LockError> {
         if self.finish() {
             loop {
                 let done = self.renewal_done.notified();
@@ -280,6 +323,12 @@ impl Grant {
     /// How long the record should outlive the release, for `min_hold`.
     fn keep_after_release(&self) -> Option<Duration> {
         self.min_hold.and_then(|h| h.checked_sub(self.acquired_at.elapsed())).filter(|k| !k.is_zero())
+    }
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        self.client.inner.shutdown.unregister(self.id);
     }
 }
 

@@ -62,6 +62,7 @@ impl LockGuard {
     /// Starts renewing `grant` and guards it.
     pub(crate) fn new(grant: Grant) -> Self {
         let grant = Arc::new(grant);
+        grant.client.inner.shutdown.register(grant.id, &grant);
         grant.client.inner.renewer.schedule(&grant, grant.lease().renew_at);
         Self { grant, runtime: tokio::runtime::Handle::try_current().ok(), released: false, nested: false }
     }

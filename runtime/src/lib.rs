@@ -33,6 +33,28 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Shutdown
+//!
+//! At the end of a process, [`Client::shutdown`] stops new and waiting requests at once
+//! ([`LockError::ShuttingDown`]), gives lock bodies a grace period, then releases what is still held (those
+//! bodies see [`LockError::Lost`]), and resolves when no body of the client runs and nothing of it is left in
+//! the store but fencing keys, which expire.
+//!
+//! ## Cargo features
+//!
+//! None is on by default.
+//!
+//! - **`tls`**: `rediss://` URLs, with rustls (ring as its crypto provider) and the webpki root certificates.
+//! - **`tls-insecure`**: `tls`, and also `rediss://…/#insecure` URLs, which turn certificate checks off; the
+//!   builder still refuses them unless [`ClientBuilder::allow_insecure_tls`] is set.
+//! - **`tower`**: `distlock::tower::ClientLayer`, which runs each request of a tower service (axum,
+//!   tonic, hyper) with a client in scope, where a [`with_client`] scope would not reach.
+//! - **`simulation`**: not for users and not covered by semver: the deterministic simulation of the lock
+//!   engine (a simulated store, seeded faults, paused time) that this repository's tests drive; it turns on
+//!   tokio's `test-util`.
+//!
+//! Rust 1.88 or later (the `rust-version` in Cargo.toml); Redis 7.0 or later.
+//!
 //! ## Safety model
 //!
 //! On one Redis server (standalone, or a primary):
@@ -91,6 +113,7 @@ pub mod __private {
 }
 mod private;
 mod renewer;
+mod shutdown;
 /// Not public API: the deterministic simulation of the lock engine (feature `simulation`, for its tests).
 #[cfg(feature = "simulation")]
 #[doc(hidden)]
@@ -103,3 +126,25 @@ pub use guard::{current_lock, LockGuard, ReleaseOutcome};
 pub use listing::{LockListing, LockWaiter, MAX_WAITERS_LISTED};
 pub use request::{LockRequest, OnLost, RetryStrategy};
 pub use token::LockToken;
+
+#[cfg(test)]
+mod tests {
+    /// Every feature in Cargo.toml has its entry in the crate docs' feature list.
+    #[test]
+    fn every_cargo_feature_is_documented() {
+        let manifest = include_str!("../Cargo.toml");
+        let docs = include_str!("lib.rs");
+        let features = manifest.split("\n[features]\n").nth(1).expect("a [features] table");
+        let features = features.split("\n[").next().unwrap_or(features);
+        let names: Vec<&str> = features
+            .lines()
+            .filter(|line| !line.starts_with('#'))
+            .filter_map(|line| line.split_once(" = ").map(|(name, _)| name.trim()))
+            .filter(|name| *name != "default")
+            .collect();
+        assert!(names.len() >= 4, "features read from Cargo.toml: {names:?}");
+        for name in names {
+            assert!(docs.contains(&format!("//! - **`{name}`**")), "feature `{name}` is not in the crate docs");
+        }
+    }
+}

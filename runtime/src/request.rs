@@ -255,12 +255,32 @@ impl LockRequest {
     /// Inside a [`run`](LockRequest::run) body that holds this key (through the same client) it succeeds at
     /// once with a nested guard that shares the outer grant and leaves the outer hold in place: see
     /// [Nested requests](LockRequest#nested-requests).
+    ///
+    /// Fails with [`LockError::ShuttingDown`] once the client's [`shutdown`](Client::shutdown) has started,
+    /// also while waiting (the request then leaves the queue).
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         self.check()?;
         if let Some(grant) = held::find(&self.client, &self.key) {
             return Ok(LockGuard::nested(grant));
         }
-        crate::acquire::acquire(self).await
+        let client = self.client.clone();
+        let shutdown = &client.inner.shutdown;
+        if shutdown.is_started() {
+            return Err(LockError::ShuttingDown);
+        }
+        tokio::select! {
+            biased;
+            outcome = crate::acquire::acquire(self) => match outcome {
+                // Granted as shutdown started: given back, as a waiter would have stopped.
+                Ok(guard) if shutdown.is_started() => {
+                    let _ = guard.release().await;
+                    Err(LockError::ShuttingDown)
+                }
+                outcome => outcome,
+            },
+            // The attempt is dropped: its clean-up leaves the queue and gives back a grant it may have made.
+            () = shutdown.started() => Err(LockError::ShuttingDown),
+        }
     }
 
     /// One attempt: the guard, or `None` when another owner holds the lock.
@@ -301,12 +321,18 @@ impl LockRequest {
     /// # Ok(()) }
     /// ```
     pub async fn run<F: Future>(self, body: F) -> Result<F::Output, LockError> {
+        // Declared first, so dropped last: the client's shutdown waits until the body is gone.
+        let _running = self.client.inner.shutdown.activity();
         let on_lost = self.on_lost;
         let guard = self.acquire().await?;
         let grant = Arc::clone(guard.grant());
         if guard.is_nested() {
             // Nested: the outer body's lock, watched by the outer `run`.
             return Ok(body.await);
+        }
+        if guard.is_lost() {
+            // Lost before the body's first poll (e.g. a shutdown's grace ended): the body never starts.
+            return Err(LockError::Lost { key: grant.keys.name.clone() });
         }
         // Boxed: nested lock bodies (an annotated fn calling another) would otherwise each copy the whole body
         // future into their poll frames, which in debug builds overflows a thread's stack after a few levels.

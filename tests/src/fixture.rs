@@ -270,6 +270,45 @@ impl Fixture {
         }
     }
 
+    /// Every key under the client's key prefix on the backend's servers (every Redlock server, every cluster
+    /// primary), with its PTTL in milliseconds (-1: no expiry), sorted; `None` on the in-process backend, which
+    /// has no server to look at.
+    pub async fn keys_left(&self) -> Option<Vec<(String, i64)>> {
+        let record = self.client.record_key("x");
+        let prefix = record.strip_suffix("{x}").expect("a record key ends with its hash tag");
+        let mut connections: Vec<RawConnection> = match (&self.cluster, &self.sentinel) {
+            (Some((cluster, ..)), _) => {
+                let mut primaries = Vec::new();
+                for node in cluster.nodes() {
+                    let mut conn = node.connection().await;
+                    let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut conn).await.expect("ROLE");
+                    if matches!(role.first(), Some(Value::BulkString(r)) if r.as_slice() == b"master") {
+                        primaries.push(RawConnection::Server(conn));
+                    }
+                }
+                primaries
+            }
+            (_, Some((_, conn, _))) => vec![conn.clone()],
+            _ if !self.redlock.is_empty() => {
+                self.redlock_connections().into_iter().map(RawConnection::Server).collect()
+            }
+            _ => vec![RawConnection::Server(self.redis_connection()?)],
+        };
+        let mut left = Vec::new();
+        for conn in &mut connections {
+            let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(conn).await.expect("KEYS");
+            for key in keys {
+                let pttl: i64 = conn.pttl(&key).await.expect("PTTL");
+                // -2: expired between KEYS and PTTL.
+                if pttl != -2 {
+                    left.push((key, pttl));
+                }
+            }
+        }
+        left.sort();
+        Some(left)
+    }
+
     /// Makes the lock record of `key` disappear behind its holder's back, as if its lease had run out or an
     /// operator had deleted it. Redis: `DEL` of `client.record_key(key)` on a raw connection (no release
     /// announcement). Memory: the client's forced unlock.

@@ -300,6 +300,7 @@ impl Sim {
                 backend: Backend::Simulated(store),
                 prefix: PREFIX.into(),
                 renewer: Default::default(),
+                shutdown: Default::default(),
             }),
         }
     }
