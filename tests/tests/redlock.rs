@@ -278,3 +278,36 @@ async fn a_give_back_never_deletes_a_grant_a_later_round_counted() {
         assert!(held, "server {i} lost the grant the acquire counted");
     }
 }
+
+/// How many servers have `record`, on fresh connections (a restarted server's old one is gone).
+async fn holding(fixture: &Fixture, record: &str) -> usize {
+    let mut n = 0;
+    for server in fixture.redlock_servers() {
+        let exists: bool = server.connection().await.exists(record).await.expect("EXISTS");
+        n += usize::from(exists);
+    }
+    n
+}
+
+/// A server restarted empty (no persistence) while a lock is held there: the lock is still held by the
+/// other two, so nobody else gets a quorum, and the holder's renewals go on without re-creating the record on
+/// the restarted server. (A *second* server restarting empty within the same lease would let a second holder
+/// in: the README says to keep a restarted server out for the longest lease, or to run with `appendfsync
+/// always`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restarted_empty_during_a_hold_lets_no_second_holder_in() {
+    let mut fixture = Fixture::redlock().await;
+    let record = fixture.client().record_key("r");
+    let ttl = ms(900);
+    let guard = fixture.client().lock("r").ttl(ttl).acquire().await.expect("acquire");
+    assert_eq!(holding(&fixture, &record).await, 3);
+    fixture.redlock_server_mut(0).restart();
+    assert_eq!(holding(&fixture, &record).await, 2, "the restarted server kept the record");
+    assert!(busy_for_outsiders(fixture.client(), "r").await, "a second holder got in with one server emptied");
+    // Several leases: renewals by the two servers that hold it keep it, and never write it on the third.
+    tokio::time::sleep(ttl * 3).await;
+    assert!(!guard.is_lost(), "renewals by two of three servers did not keep the lock");
+    assert!(busy_for_outsiders(fixture.client(), "r").await, "a second holder got in");
+    assert_eq!(holding(&fixture, &record).await, 2, "a renewal re-created the record on the emptied server");
+    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+}
