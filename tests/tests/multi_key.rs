@@ -115,43 +115,45 @@ async fn transfer(bank: &Bank, from: &str, to: &str, amount: i64) -> Result<(), 
     Ok(())
 }
 
-/// Counts per direction of one pair of accounts.
-#[derive(Debug, Default)]
-struct Tally {
+/// One direction between two accounts of a bank, with what the tasks moving money along it saw.
+#[derive(Debug)]
+struct Route {
+    bank: Arc<Bank>,
+    from: String,
+    to: String,
     done: AtomicUsize,
     busy: AtomicUsize,
 }
 
-/// One task: transfers from `from` to `to` until `until`, through the attribute or `lock_all`.
+/// One task: transfers along `route` until `until`, through the attribute or `lock_all`.
 async fn transfer_loop(
     client: Client,
-    bank: Arc<Bank>,
-    (from, to): (String, String),
+    route: Arc<Route>,
     through_attribute: bool,
     until: Instant,
-    tally: Arc<Tally>,
     errors: Arc<AtomicUsize>,
 ) {
+    let Route { bank, from, to, .. } = &*route;
     let mut amount = 1;
     while Instant::now() < until {
         amount = amount % 9 + 1;
         let outcome = if through_attribute {
-            with_client(client.clone(), transfer(&bank, &from, &to, amount)).await
+            with_client(client.clone(), transfer(bank, from, to, amount)).await
         } else {
             client
-                .lock_all([account_key(&from), account_key(&to)])
+                .lock_all([account_key(from), account_key(to)])
                 .ttl(secs(5))
                 .wait(ms(200))
-                .run(bank.move_money(&from, &to, amount))
+                .run(bank.move_money(from, to, amount))
                 .await
         };
         match outcome {
             Ok(()) => {
-                bank.settled(&from, &to, amount);
-                tally.done.fetch_add(1, Ordering::Relaxed);
+                bank.settled(from, to, amount);
+                route.done.fetch_add(1, Ordering::Relaxed);
             }
             Err(e) if e.is_busy() => {
-                tally.busy.fetch_add(1, Ordering::Relaxed);
+                route.busy.fetch_add(1, Ordering::Relaxed);
             }
             // A shared two-core machine can make a call time out now and then; counted, bounded below.
             Err(e) if e.is_transient() => {
@@ -190,27 +192,27 @@ async fn transfers_never_deadlock_overlap_or_lose_money(fx: Fixture) {
     let errors = Arc::new(AtomicUsize::new(0));
     let pair_bank = Bank::new(&pair);
     let ring_bank = Bank::new(&ring);
-    // (from, to) per direction, with its tally.
-    let mut routes: Vec<(Arc<Bank>, (String, String), Arc<Tally>)> = Vec::new();
+    // Both directions of the pair, then of each edge of the ring.
+    let mut routes: Vec<Arc<Route>> = Vec::new();
     for (a, b) in [(pair[0], pair[1])].into_iter().chain((0..5).map(|i| (ring[i], ring[(i + 1) % 5]))) {
         let bank = if a.starts_with("pair") { &pair_bank } else { &ring_bank };
         for (from, to) in [(a, b), (b, a)] {
-            routes.push((Arc::clone(bank), (from.to_owned(), to.to_owned()), Arc::default()));
+            let (from, to) = (from.to_owned(), to.to_owned());
+            let (done, busy) = (AtomicUsize::new(0), AtomicUsize::new(0));
+            routes.push(Arc::new(Route { bank: Arc::clone(bank), from, to, done, busy }));
         }
     }
     let mut tasks = Vec::new();
     // 16 tasks per direction of the pair (32); 2 per direction of each ring edge (20); every other one through
     // the attribute.
-    for (index, (bank, route, tally)) in routes.iter().enumerate() {
+    for (index, route) in routes.iter().enumerate() {
         let count = if index < 2 { 16 } else { 2 };
         for n in 0..count {
             tasks.push(tokio::spawn(transfer_loop(
                 fx.client().clone(),
-                Arc::clone(bank),
-                route.clone(),
+                Arc::clone(route),
                 n % 2 == 0,
                 until,
-                Arc::clone(tally),
                 Arc::clone(&errors),
             )));
         }
@@ -233,16 +235,18 @@ async fn transfers_never_deadlock_overlap_or_lose_money(fx: Fixture) {
     // than others (nothing promises fairness across keys; Redlock none at all): each account must take part.
     let mut done = 0;
     let mut per_account: Vec<(String, usize)> = pair.iter().chain(&ring).map(|a| ((*a).to_owned(), 0)).collect();
-    for (_, (from, to), tally) in &routes {
-        let (ok, busy) = (tally.done.load(Ordering::Relaxed), tally.busy.load(Ordering::Relaxed));
+    for route in &routes {
+        let Route { from, to, .. } = &**route;
+        let (ok, busy) = (route.done.load(Ordering::Relaxed), route.busy.load(Ordering::Relaxed));
         eprintln!("{:?} {from} -> {to}: {ok} transfers, {busy} busy", fx.backend());
         for (_, count) in per_account.iter_mut().filter(|(a, _)| a == from || a == to) {
             *count += ok;
         }
         done += ok;
     }
-    for (index, (_, (from, to), tally)) in routes.iter().take(2).enumerate() {
-        assert!(tally.done.load(Ordering::Relaxed) > 0, "direction {index}: no transfer from {from} to {to}");
+    for route in routes.iter().take(2) {
+        let Route { from, to, .. } = &**route;
+        assert!(route.done.load(Ordering::Relaxed) > 0, "no transfer from {from} to {to} in {duration:?}");
     }
     for (account, count) in &per_account {
         assert!(*count > 0, "no transfer touched {account} in {duration:?}");
