@@ -1,8 +1,6 @@
 //! A held lock: the public face of a grant, and release on drop.
 
-use std::future::Future;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -277,15 +275,7 @@ impl LockGuard {
         if let [part] = self.parts.as_slice() {
             return part.grant.lost().await;
         }
-        let mut each: Vec<_> = self.parts.iter().map(|p| Box::pin(p.grant.lost())).collect();
-        std::future::poll_fn(|cx| {
-            if each.iter_mut().any(|lost| lost.as_mut().poll(cx).is_ready()) {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
-        .await;
+        futures_util::future::select_all(self.parts.iter().map(|p| Box::pin(p.grant.lost()))).await;
     }
 
     /// The lease left on the server (for a guard of several keys, the shortest of its keys'), or `None` when
@@ -306,18 +296,12 @@ impl LockGuard {
     /// Fails with [`LockError::Lost`] when the lock is no longer this guard's, also when the reply came back
     /// after the lease had run out. While the call is on its way, and when it fails (a timeout,
     /// [`LockError::NotReplicated`]), the server may or may not have applied it: the guard then assumes the
-    /// shorter of the two leases. A guard of several keys extends each of them, all of them even when one fails,
-    /// and reports the first failure.
+    /// shorter of the two leases. A guard of several keys extends every key at once, and reports the first
+    /// failure in key order.
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
         crate::request::check_ttl(ttl)?;
-        let mut outcome = Ok(());
-        for part in &self.parts {
-            let extended = part.grant.extend(ttl).await;
-            if outcome.is_ok() {
-                outcome = extended;
-            }
-        }
-        outcome
+        let extended = futures_util::future::join_all(self.parts.iter().map(|p| p.grant.extend(ttl))).await;
+        extended.into_iter().find(Result::is_err).unwrap_or(Ok(()))
     }
 
     /// Stops the watchdog and gives the lock back, saying whether it was still ours. A guard the server said
@@ -326,9 +310,9 @@ impl LockGuard {
     /// guard (taken inside a lock body that already holds the key) sends nothing, leaves the outer hold in
     /// place and reports [`ReleaseOutcome::Nested`].
     ///
-    /// A guard of several keys releases each of them (all of them even when one fails) and reports `Released`
-    /// if every key was still its own, else the first other outcome in key order; on an error, the first
-    /// error. Keys it found held already by the running lock body are left to that body.
+    /// A guard of several keys releases every key at once and reports `Released` if every key was still its own,
+    /// else the first other outcome (or error) in key order. Keys it found held already by the running lock
+    /// body are left to that body.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
@@ -350,23 +334,20 @@ impl LockGuard {
         }
         // `released` is set only once the release is done: if this future is dropped on the way, the guard's
         // Drop releases in the background instead (a grant released already just reports `Expired` again).
-        let outcome = release_all(self.parts.iter().filter(|p| !p.nested).map(|p| &p.grant)).await;
+        let outcome = match self.parts.as_slice() {
+            [one] => one.grant.release().await,
+            parts => release_all(parts.iter().filter(|p| !p.nested).map(|p| &p.grant)).await,
+        };
         self.released = true;
         outcome
     }
 }
 
-/// Releases each grant in turn, also after one failed: `Released` when every one was, else the first other
-/// outcome, or the first error.
+/// Releases the grants all at once (one batch where the store batches): `Released` when every one was, else
+/// the first other outcome, or the first error.
 async fn release_all(grants: impl Iterator<Item = &Arc<Grant>>) -> Result<ReleaseOutcome, LockError> {
-    let mut combined = Ok(ReleaseOutcome::Released);
-    for grant in grants {
-        let outcome = grant.release().await;
-        if matches!(combined, Ok(ReleaseOutcome::Released)) {
-            combined = outcome;
-        }
-    }
-    combined
+    let outcomes = futures_util::future::join_all(grants.map(|grant| grant.release())).await;
+    outcomes.into_iter().find(|o| !matches!(o, Ok(ReleaseOutcome::Released))).unwrap_or(Ok(ReleaseOutcome::Released))
 }
 
 /// The lock held by the lock body running now — the innermost [`LockRequest::run`](crate::LockRequest::run) or
@@ -415,8 +396,9 @@ impl Drop for LockGuard {
         }
         if let (Some(runtime), false) = (&self.runtime, grants.is_empty()) {
             runtime.spawn(async move {
-                for grant in grants {
-                    if let Err(e) = grant.release().await {
+                let outcomes = futures_util::future::join_all(grants.iter().map(|grant| grant.release())).await;
+                for (grant, outcome) in grants.iter().zip(outcomes) {
+                    if let Err(e) = outcome {
                         tracing::warn!(key = %grant.keys.name, error = %e, "distlock: background release failed; the lock frees when its lease runs out");
                     }
                 }
