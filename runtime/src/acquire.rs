@@ -31,7 +31,8 @@ struct BusyAttempt {
 }
 
 /// Takes every key of `request` (one, or several from [`Client::lock_all`](crate::Client::lock_all)) into one
-/// guard. Several keys are taken one by one in sorted order, each with the single-key path below and its own
+/// guard. Several keys that are all free, with nobody queued, are first tried in one step where the store can
+/// ([`Store::acquire_free`]: one script on one server). Otherwise they are taken one by one in sorted order, each with the single-key path below and its own
 /// grant, all within the request's one `wait`: as every request takes its keys in the same order, no two
 /// requests can each hold a key the other waits for, so waiting cannot deadlock. If a key cannot be had, the
 /// keys already taken are released before the error returns (fail closed); if the request is dropped midway,
@@ -45,6 +46,11 @@ pub(crate) async fn acquire_all(mut request: LockRequest) -> Result<LockGuard, L
     let several = names.len() > 1;
     let started = Instant::now();
     let deadline = started.checked_add(request.wait);
+    if several {
+        if let Some(guard) = acquire_free(&request, &names).await? {
+            return Ok(guard);
+        }
+    }
     let mut guard = LockGuard::assemble(names.len());
     for name in names {
         if let Some(grant) = held::find(&request.client, &name) {
@@ -66,6 +72,45 @@ pub(crate) async fn acquire_all(mut request: LockRequest) -> Result<LockGuard, L
         }
     }
     Ok(guard)
+}
+
+/// The fast path for several keys: all of them in one call, if all are free with nobody queued. `None`, with
+/// nothing held, when they are not (or the store cannot, or a key is held by the running lock body already, or
+/// grants must wait for replicas one by one): the caller then takes them one by one.
+async fn acquire_free(request: &LockRequest, names: &[String]) -> Result<Option<LockGuard>, LockError> {
+    let backend = &request.client.inner.backend;
+    if backend.capabilities().replica_acks || names.iter().any(|name| held::find(&request.client, name).is_some()) {
+        return Ok(None);
+    }
+    let prefix = &request.client.inner.prefix;
+    // In flight until the reply says what the store did: dropped before that (cancelled, or an error), each
+    // releases its grant, if it got one, in the background.
+    let mut pending: Vec<Pending> = names
+        .iter()
+        .map(|name| {
+            let mut p = Pending::new(&request.client, LockKeys::new(prefix, name.clone()), LockToken::random());
+            p.in_flight = true;
+            p
+        })
+        .collect();
+    let locks: Vec<(&LockKeys, &LockToken)> = pending.iter().map(|p| (&p.keys, &p.token)).collect();
+    let sent = Instant::now();
+    let Some(holds) = backend.acquire_free(&locks, request.ttl, &request.metadata).await? else {
+        pending.iter_mut().for_each(|p| p.in_flight = false); // nothing was granted
+        return Ok(None);
+    };
+    let leases: Vec<Lease> =
+        holds.iter().map(|&hold| Lease::granted(request.ttl, sent, reported(request, hold))).collect();
+    if holds.len() != pending.len() || leases.iter().any(Lease::is_lost) {
+        // The reply came too late to use: dropping `pending` gives the grants back; take the keys one by one.
+        return Ok(None);
+    }
+    let mut guard = LockGuard::assemble(names.len());
+    for ((p, hold), lease) in pending.into_iter().zip(holds).zip(leases) {
+        guard.push(grant(request, p, hold.fence, lease));
+    }
+    guard.align_renewals();
+    Ok(Some(guard))
 }
 
 /// A multi-key request failed on a key: gives back the keys it took (by their tokens), then reports the

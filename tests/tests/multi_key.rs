@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{current_client, current_lock, distributed_lock, with_client, Client, LockError, ReleaseOutcome};
+use distlock_tests::monitor::{is_client_command, monitor_args, Monitor};
 use distlock_tests::time::{ms, secs};
 use distlock_tests::{eventually, within, Fixture};
 use tokio::time::Instant;
@@ -406,5 +407,53 @@ async fn attribute_keys_take_every_rendered_key_and_merge_equal_ones(fx: Fixture
     let busy = with_client(client.clone(), attribute_transfer("x", "y")).await;
     assert!(matches!(busy, Err(LockError::NotObtained { ref key, .. }) if key == "acct:y"), "{busy:?}");
     assert!(client.lock_info("acct:x").await.expect("info").is_none(), "acct:x given back");
+    holder.release().await.expect("release");
+}
+
+/// On one server, keys that are all free are taken by one script call (one round trip); when one is held
+/// the call changes nothing and the request takes the keys one by one (here: the first, then the busy one,
+/// then gives the first back), so a waiter is never jumped and nothing is left half-taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_one_server_free_keys_are_taken_in_one_call() {
+    let fx = Fixture::redis().await;
+    let monitor = Monitor::start(fx.server().expect("a server"));
+    let mut conn = fx.redis_connection().expect("a connection");
+    let scripts_between = |from: usize, to: usize| -> Vec<Vec<String>> {
+        monitor.lines()[from + 1..to]
+            .iter()
+            .filter(|line| is_client_command(line))
+            .map(|line| monitor_args(line))
+            .filter(|args| {
+                args.first().is_some_and(|c| c.eq_ignore_ascii_case("evalsha") || c.eq_ignore_ascii_case("eval"))
+            })
+            .collect()
+    };
+    let records: Vec<String> = ["one:a", "one:b", "one:c"].iter().map(|k| fx.client().record_key(k)).collect();
+
+    // Once first, so the server has cached the script: a first EVALSHA is answered NOSCRIPT and sent again as
+    // EVAL, once per server.
+    fx.client().lock_all(["warm:a", "warm:b"]).acquire().await.expect("free keys").release().await.expect("release");
+    let from = monitor.mark(&mut conn, "free").await;
+    let guard = fx.client().lock_all(["one:c", "one:a", "one:b"]).acquire().await.expect("free keys");
+    let to = monitor.mark(&mut conn, "taken").await;
+    let calls = scripts_between(from, to);
+    assert_eq!(calls.len(), 1, "one script call for three free keys: {calls:?}");
+    assert_eq!(calls[0][2..6], ["3".to_owned(), records[0].clone(), records[1].clone(), records[2].clone()]);
+    for key in ["one:a", "one:b", "one:c"] {
+        let info = fx.client().lock_info(key).await.expect("info").expect("held");
+        assert_eq!(Some(info.fencing_token), guard.fencing_token_of(key), "{key}");
+    }
+    guard.release().await.expect("release");
+
+    let holder = fx.other_client().await.lock("one:b").acquire().await.expect("holder");
+    let from = monitor.mark(&mut conn, "busy").await;
+    let busy = fx.client().lock_all(["one:a", "one:b"]).try_acquire().await.expect("try");
+    let to = monitor.mark(&mut conn, "given up").await;
+    assert!(busy.is_none());
+    let calls = scripts_between(from, to);
+    // The one-step call, ACQUIRE of one:a and of one:b (busy), and RELEASE of one:a: alone or in batches.
+    assert!(calls.len() >= 2, "the one-step call, then one key at a time: {calls:?}");
+    assert_eq!(calls[0][2], "2", "the first call tried both keys: {calls:?}");
+    assert!(fx.client().lock_info("one:a").await.expect("info").is_none(), "nothing left half-taken");
     holder.release().await.expect("release");
 }

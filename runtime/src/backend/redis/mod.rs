@@ -23,6 +23,7 @@ mod batch;
 mod config_errors;
 mod connect;
 mod link;
+mod multi_key;
 mod scripts;
 mod subscriber;
 mod window;
@@ -263,6 +264,15 @@ impl Store for RedisBackend {
             return Err(e);
         }
         Ok(attempt)
+    }
+
+    async fn acquire_free(
+        &self,
+        locks: &[(&LockKeys, &LockToken)],
+        ttl: Duration,
+        metadata: &str,
+    ) -> Result<Option<Vec<Hold>>, LockError> {
+        self.acquire_all_free(locks, ttl, metadata).await
     }
 
     async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError> {

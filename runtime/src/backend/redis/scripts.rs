@@ -215,6 +215,7 @@ fn compose(file: &str) -> String {
 }
 
 pub(super) static ACQUIRE: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/acquire.lua")));
+pub(super) static ACQUIRE_ALL: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/acquire_all.lua")));
 pub(super) static RELEASE: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/release.lua")));
 pub(super) static BATCH: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/batch.lua")));
 pub(super) static RENEW: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/renew.lua")));
@@ -229,9 +230,10 @@ mod tests {
     use super::*;
     use crate::backend::{CHANNEL, FENCE, FENCE_RETENTION};
 
-    fn all() -> [(&'static str, &'static LuaScript); 9] {
+    fn all() -> [(&'static str, &'static LuaScript); 10] {
         [
             ("acquire", &ACQUIRE),
+            ("acquire_all", &ACQUIRE_ALL),
             ("release", &RELEASE),
             ("batch", &BATCH),
             ("renew", &RENEW),
