@@ -52,9 +52,9 @@ use proc_macro::TokenStream;
 ///   Example: `key = "tenant:<self.tenant>:report:<id>"`.
 /// - **`keys`** (instead of `key`): several key templates, `keys = ["account:<from>", "account:<to>"]`, each
 ///   written and checked like `key`'s; the body runs holding every rendered key (`Client::lock_all`): they are
-///   taken one by one in sorted order, so two calls naming the same keys in opposite orders cannot deadlock,
-///   and if one cannot be had within `wait`, those taken are released and the body does not run. Keys that
-///   render alike at run time (`<from>` equal to `<to>`) are one lock. Compile errors: an empty list, an
+///   taken in one step when all are free, else one by one in sorted order, so two calls naming the same keys
+///   in opposite orders cannot deadlock, and if one cannot be had within `wait`, those taken are released and
+///   the body does not run. Keys that render alike at run time (`<from>` equal to `<to>`) are one lock. Compile errors: an empty list, an
 ///   element that is not a string literal, the same template twice, and `key` and `keys` together.
 ///   `distlock::current_lock()` in the body holds every key (`keys()`, `fencing_token_of(key)`).
 /// - **`ttl`** (default `"30s"`): the lease. The lock expires this long after the last renewal if the process

@@ -91,9 +91,11 @@ impl Client {
     /// holds none. The request has the same settings as [`lock`](Client::lock)'s, each applying to every key
     /// (`wait` bounds the whole request).
     ///
-    /// The keys are taken one by one in sorted order, each its own lock with its own grant, lease and fencing
-    /// token ([`LockGuard::fencing_token_of`](crate::LockGuard::fencing_token_of)); a key named twice is
-    /// taken once. As every such request takes its keys in the same order, two of them never wait for each
+    /// Each key is its own lock with its own grant, lease and fencing token
+    /// ([`LockGuard::fencing_token_of`](crate::LockGuard::fencing_token_of)); a key named twice is taken once.
+    /// When every key is free with nobody queued for it, they are taken in one step where the store can (one
+    /// script on one Redis server, or on a cluster when all keys share a slot; not with
+    /// [`wait_for_replicas`](crate::ClientBuilder::wait_for_replicas)); otherwise one by one in sorted order. As every such request takes its keys in the same order, two of them never wait for each
     /// other's keys, whatever order their keys were given in: a transfer from `a` to `b` and one from `b` to `a`
     /// cannot deadlock. If a key cannot be had within the wait, the keys already taken are released before
     /// the error returns ([`LockError::NotObtained`] names the key that was busy). The guard renews every

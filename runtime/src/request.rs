@@ -263,8 +263,8 @@ impl LockRequest {
 
     /// Takes the lock, waiting up to `wait` while it is busy; [`LockError::NotObtained`] when the wait runs out.
     ///
-    /// Several keys ([`Client::lock_all`]) are taken all or nothing: one by one in sorted order, all within the
-    /// one `wait`; if one cannot be had, those already taken are released before the error (which names that
+    /// Several keys ([`Client::lock_all`]) are taken all or nothing: in one step when all are free, else one by
+    /// one in sorted order, all within the one `wait`; if one cannot be had, those already taken are released before the error (which names that
     /// key) is returned.
     ///
     /// Inside a [`run`](LockRequest::run) body that holds this key (through the same client) it succeeds at
