@@ -32,9 +32,10 @@ struct BusyAttempt {
 
 /// Takes every key of `request` (one, or several from [`Client::lock_all`](crate::Client::lock_all)) into one
 /// guard. Several keys that are all free, with nobody queued, are first tried in one step where the store can
-/// ([`Store::acquire_free`]: one script on one server). Otherwise they are taken one by one in sorted order, each with the single-key path below and its own
-/// grant, all within the request's one `wait`: as every request takes its keys in the same order, no two
-/// requests can each hold a key the other waits for, so waiting cannot deadlock. If a key cannot be had, the
+/// ([`Store::acquire_free`]: one script on one server). Otherwise they are taken one by one in sorted order,
+/// each with the single-key path below and its own grant, all within the request's one `wait`: as every
+/// request takes its keys in the same order, no two requests can each hold a key the other waits for, so
+/// waiting cannot deadlock. If a key cannot be had, the
 /// keys already taken are released before the error returns (fail closed); if the request is dropped midway,
 /// the partial guard's drop releases them in the background. A key the running lock body already holds is
 /// nested: used, not taken again, and left to the outer body.
