@@ -410,6 +410,60 @@ async fn attribute_keys_take_every_rendered_key_and_merge_equal_ones(fx: Fixture
     holder.release().await.expect("release");
 }
 
+/// The script calls (EVAL or EVALSHA) clients sent between two of the monitor's markers, as argument lists.
+fn scripts_between(monitor: &Monitor, from: usize, to: usize) -> Vec<Vec<String>> {
+    monitor.lines()[from + 1..to]
+        .iter()
+        .filter(|line| is_client_command(line))
+        .map(|line| monitor_args(line))
+        .filter(|args| {
+            args.first().is_some_and(|c| c.eq_ignore_ascii_case("evalsha") || c.eq_ignore_ascii_case("eval"))
+        })
+        .collect()
+}
+
+/// On a cluster, free keys whose records hash to one slot are taken by one script call on that slot's primary,
+/// as on one server (keys in different slots, the transfer test's, are taken one by one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_free_keys_of_one_slot_are_taken_in_one_call() {
+    use redis::cluster_routing::Slot;
+    let fx = Fixture::cluster().await;
+    let cluster = fx.redis_cluster().expect("a cluster");
+    let client = fx.client();
+    let first = "slot:0".to_owned();
+    let slot = Slot::for_key(client.record_key(&first));
+    let second = (1..1_000_000)
+        .map(|i| format!("slot:{i}"))
+        .find(|key| Slot::for_key(client.record_key(key)) == slot)
+        .expect("two keys of one slot");
+    let records = [client.record_key(&first), client.record_key(&second)];
+    let checked = records.clone();
+    let (slots, port) = tokio::task::spawn_blocking(move || {
+        (checked.iter().map(|r| cluster.slot(r)).collect::<Vec<_>>(), cluster.primary_for(&checked[0]))
+    })
+    .await
+    .expect("slots");
+    assert_eq!(slots[0], slots[1], "{records:?} share a slot");
+    let node = cluster.node(port).expect("the slot's primary");
+    let monitor = Monitor::start(node);
+    let mut conn = node.connection().await;
+
+    // Once first, so the node has cached the script (a first EVALSHA is answered NOSCRIPT, then sent as EVAL).
+    client.lock_all([&first, &second]).acquire().await.expect("free keys").release().await.expect("release");
+    let from = monitor.mark(&mut conn, "free").await;
+    let guard = client.lock_all([&second, &first]).acquire().await.expect("free keys");
+    let to = monitor.mark(&mut conn, "taken").await;
+    let calls = scripts_between(&monitor, from, to);
+    assert_eq!(calls.len(), 1, "one script call for two free keys of one slot: {calls:?}");
+    assert_eq!(calls[0][2..5], ["2".to_owned(), records[0].clone(), records[1].clone()]);
+    for key in [&first, &second] {
+        let info = client.lock_info(key).await.expect("info").expect("held");
+        assert_eq!(Some(info.fencing_token), guard.fencing_token_of(key), "{key}");
+    }
+    guard.release().await.expect("release");
+    assert!(client.lock_info(&first).await.expect("info").is_none());
+}
+
 /// On one server, keys that are all free are taken by one script call (one round trip); when one is held
 /// the call changes nothing and the request takes the keys one by one (here: the first, then the busy one,
 /// then gives the first back), so a waiter is never jumped and nothing is left half-taken.
@@ -418,16 +472,6 @@ async fn on_one_server_free_keys_are_taken_in_one_call() {
     let fx = Fixture::redis().await;
     let monitor = Monitor::start(fx.server().expect("a server"));
     let mut conn = fx.redis_connection().expect("a connection");
-    let scripts_between = |from: usize, to: usize| -> Vec<Vec<String>> {
-        monitor.lines()[from + 1..to]
-            .iter()
-            .filter(|line| is_client_command(line))
-            .map(|line| monitor_args(line))
-            .filter(|args| {
-                args.first().is_some_and(|c| c.eq_ignore_ascii_case("evalsha") || c.eq_ignore_ascii_case("eval"))
-            })
-            .collect()
-    };
     let records: Vec<String> = ["one:a", "one:b", "one:c"].iter().map(|k| fx.client().record_key(k)).collect();
 
     // Once first, so the server has cached the script: a first EVALSHA is answered NOSCRIPT and sent again as
@@ -436,7 +480,7 @@ async fn on_one_server_free_keys_are_taken_in_one_call() {
     let from = monitor.mark(&mut conn, "free").await;
     let guard = fx.client().lock_all(["one:c", "one:a", "one:b"]).acquire().await.expect("free keys");
     let to = monitor.mark(&mut conn, "taken").await;
-    let calls = scripts_between(from, to);
+    let calls = scripts_between(&monitor, from, to);
     assert_eq!(calls.len(), 1, "one script call for three free keys: {calls:?}");
     assert_eq!(calls[0][2..6], ["3".to_owned(), records[0].clone(), records[1].clone(), records[2].clone()]);
     for key in ["one:a", "one:b", "one:c"] {
@@ -450,7 +494,7 @@ async fn on_one_server_free_keys_are_taken_in_one_call() {
     let busy = fx.client().lock_all(["one:a", "one:b"]).try_acquire().await.expect("try");
     let to = monitor.mark(&mut conn, "given up").await;
     assert!(busy.is_none());
-    let calls = scripts_between(from, to);
+    let calls = scripts_between(&monitor, from, to);
     // The one-step call, ACQUIRE of one:a and of one:b (busy), and RELEASE of one:a: alone or in batches.
     assert!(calls.len() >= 2, "the one-step call, then one key at a time: {calls:?}");
     assert_eq!(calls[0][2], "2", "the first call tried both keys: {calls:?}");
