@@ -13,6 +13,9 @@
 //! }
 //! ```
 //!
+//! With `keys = [..]`, `key` is an array of the rendered keys, `[{ .. }, { .. }]`, and the call is
+//! `path::run_locked_all` (the same, through `Client::lock_all`).
+//!
 //! The return type is not inspected (only `-> impl Trait`, never a `Result`, is refused here): `run_locked`'s
 //! `R: LockedReturn` bound reports a wrong one, once, on the return type, with the runtime's `on_unimplemented`
 //! message.
@@ -79,8 +82,11 @@ fn not_a_function(item: &TokenStream, error: syn::Error) -> syn::Error {
 }
 
 fn generate(function: &ItemFn, args: &Args) -> syn::Result<TokenStream> {
-    let Some(key) = &args.key else {
-        return Err(syn::Error::new(Span::call_site(), "missing required argument `key`"));
+    let key_templates: Vec<&TemplateArg> = match (&args.key, &args.keys) {
+        (Some(key), _) => vec![key],
+        (None, Some(keys)) if !keys.is_empty() => keys.iter().collect(),
+        // Rejected by parsing; kept total for safety.
+        _ => return Err(syn::Error::new(Span::call_site(), "missing required argument `key`")),
     };
     let ItemFn { attrs, vis, sig, block } = function;
     let outer = attrs.iter().filter(|a| matches!(a.style, AttrStyle::Outer));
@@ -112,7 +118,12 @@ fn generate(function: &ItemFn, args: &Args) -> syn::Result<TokenStream> {
     EraseImplTrait.visit_type_mut(&mut erased);
 
     let key_var = Ident::new("__distlock_key", Span::mixed_site());
-    let render_key = render(key, &quote!(#private::TemplateBuf::key()))?;
+    let new_key = quote!(#private::TemplateBuf::key());
+    let rendered = key_templates.iter().map(|key| render(key, &new_key)).collect::<syn::Result<Vec<_>>>()?;
+    let (render_key, run) = match args.keys {
+        Some(_) => (quote!([#(#rendered),*]), Ident::new("run_locked_all", return_start)),
+        None => (quote!(#(#rendered)*), Ident::new("run_locked", return_start)),
+    };
     let metadata_var = Ident::new("__distlock_metadata", Span::mixed_site());
     let text = quote!(#private::TemplateBuf::text());
     let render_metadata = match &args.metadata {
@@ -148,7 +159,7 @@ fn generate(function: &ItemFn, args: &Args) -> syn::Result<TokenStream> {
     // this one span, so that the compiler merges their identical errors into one.
     let private_at_return = respan(private.clone(), return_start);
     let run_locked = quote_spanned! {return_start=>
-        #private_at_return::run_locked(&#spec_var, #key_var, #metadata_var, async move {
+        #private_at_return::#run(&#spec_var, #key_var, #metadata_var, async move {
             #fake_return_edge
             #(#body)*
         })

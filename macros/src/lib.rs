@@ -38,9 +38,9 @@ use proc_macro::TokenStream;
 ///
 /// # Arguments
 ///
-/// All values are string literals, checked at compile time.
+/// All values are string literals (`keys` a list of them), checked at compile time.
 ///
-/// - **`key`** (required): the lock key template. Text is copied verbatim; `<name>` inserts the parameter
+/// - **`key`** (required, or `keys`): the lock key template. Text is copied verbatim; `<name>` inserts the parameter
 ///   `name` formatted with `Display`; a field path reaches into a parameter or `self`: `<self.tenant>`,
 ///   `<req.user.id>`, `<pair.0>`. Write `<<` and `>>` for literal `<` and `>`. Inserted values have the reserved
 ///   characters (`%`, `:`, `{`, `}`, `*`, `?`, `[`, `]`, `\`, control characters) percent-encoded, so
@@ -50,6 +50,13 @@ use proc_macro::TokenStream;
 ///   Placeholders must name a whole parameter (not a name bound inside a pattern such as `(a, b): (u8, u8)`),
 ///   and its type must implement `Display`; both are compile errors otherwise.
 ///   Example: `key = "tenant:<self.tenant>:report:<id>"`.
+/// - **`keys`** (instead of `key`): several key templates, `keys = ["account:<from>", "account:<to>"]`, each
+///   written and checked like `key`'s; the body runs holding every rendered key (`Client::lock_all`): they are
+///   taken in one step when all are free, else one by one in sorted order, so two calls naming the same keys
+///   in opposite orders cannot deadlock, and if one cannot be had within `wait`, those taken are released and
+///   the body does not run. Keys that render alike at run time (`<from>` equal to `<to>`) are one lock. Compile errors: an empty list, an
+///   element that is not a string literal, the same template twice, and `key` and `keys` together.
+///   `distlock::current_lock()` in the body holds every key (`keys()`, `fencing_token_of(key)`).
 /// - **`ttl`** (default `"30s"`): the lease. The lock expires this long after the last renewal if the process
 ///   holding it stops; the watchdog renews it while the body runs. At least `"100ms"`.
 ///   Example: `ttl = "60s"`.
@@ -118,6 +125,14 @@ use proc_macro::TokenStream;
 ///     }
 /// }
 ///
+/// // Two accounts locked together, whichever way the money goes.
+/// #[distributed_lock(keys = ["account:<from>", "account:<to>"], wait = "2s")]
+/// async fn transfer(from: u64, to: u64, amount: u64) -> Result<u64, distlock::LockError> {
+///     let lock = distlock::current_lock().expect("inside the lock body");
+///     assert!(lock.fencing_token_of(&format!("account:{to}")).is_some());
+///     Ok(amount)
+/// }
+///
 /// // A scheduled job that runs once per tick across replicas: skipped when another replica holds the lock,
 /// // the lock kept for 50 s even when the job takes 1 s, and never held past 10 minutes.
 /// #[distributed_lock(key = "jobs:nightly-cleanup", ttl = "2m", min_hold = "50s", max_hold = "10m")]
@@ -131,6 +146,7 @@ use proc_macro::TokenStream;
 /// let reports = Reports { tenant: "acme".into() };
 /// distlock::with_client(client.clone(), async {
 ///     assert_eq!(reports.build(7).await?, "report 7 for acme");
+///     assert_eq!(transfer(1, 2, 50).await? + transfer(2, 1, 50).await?, 100);
 ///     nightly_cleanup().await?;
 ///     // Another replica's tick, moments later: the lock is kept for `min_hold`, so it is skipped.
 ///     let skipped = nightly_cleanup().await;

@@ -1,5 +1,5 @@
-//! Parsing of the attribute's arguments: `key`, `ttl`, `wait`, `retry`, `min_hold`, `max_hold`, `on_lost`,
-//! `metadata`, `crate`.
+//! Parsing of the attribute's arguments: `key` or `keys`, `ttl`, `wait`, `retry`, `min_hold`, `max_hold`,
+//! `on_lost`, `metadata`, `crate`.
 //!
 //! Syntax errors (a missing `=` or comma) stop parsing; every other problem (unknown, duplicate or missing
 //! argument, bad value) is collected so that all of them are reported together.
@@ -8,7 +8,7 @@ use proc_macro2::Span;
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
-use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path, Token};
+use syn::{Expr, ExprArray, ExprLit, Ident, Lit, LitStr, Path, Token};
 
 use crate::duration::parse_duration;
 use crate::retry::{parse_retry, Retry};
@@ -27,7 +27,7 @@ const MIN_TTL_MS: u64 = 100;
 const MAX_TTL_MS: u64 = i64::MAX as u64 / 4;
 
 /// Every argument the attribute accepts, in the order the docs list them.
-const KNOWN: &[&str] = &["key", "ttl", "wait", "retry", "min_hold", "max_hold", "on_lost", "metadata", "crate"];
+const KNOWN: &[&str] = &["key", "keys", "ttl", "wait", "retry", "min_hold", "max_hold", "on_lost", "metadata", "crate"];
 
 /// What to do when the lock is lost while the body runs (`on_lost = "abort" | "continue"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,9 +61,12 @@ impl TemplateArg {
 /// The validated arguments of one `#[distributed_lock(...)]`.
 #[derive(Debug)]
 pub(crate) struct Args {
-    /// The lock key template (possibly partial, if errors were recorded); `None` only when an error about it
-    /// has been recorded.
+    /// The lock key template (possibly partial, if errors were recorded); `None` when `keys` is given or an
+    /// error about it has been recorded.
     pub(crate) key: Option<TemplateArg>,
+    /// The key templates of `keys = [..]` (several locks taken together), distinct and at least one when no
+    /// error was recorded; `None` when `key` is given.
+    pub(crate) keys: Option<Vec<TemplateArg>>,
     /// Lease length in milliseconds (renewed by the watchdog while the body runs).
     pub(crate) ttl_ms: u64,
     /// How long to wait for a busy lock, in milliseconds.
@@ -83,9 +86,10 @@ pub(crate) struct Args {
 }
 
 impl Args {
-    /// The templates whose placeholders name the function's parameters: the key, and the metadata if given.
+    /// The templates whose placeholders name the function's parameters: the key or keys, and the metadata if
+    /// given.
     pub(crate) fn templates(&self) -> impl Iterator<Item = &TemplateArg> {
-        self.key.iter().chain(&self.metadata)
+        self.key.iter().chain(self.keys.iter().flatten()).chain(&self.metadata)
     }
 }
 
@@ -142,6 +146,7 @@ pub(crate) fn parse_args(tokens: proc_macro2::TokenStream, errors: &mut Errors) 
     let mut seen: Vec<Ident> = Vec::new();
 
     let mut key = None;
+    let mut keys = None;
     let mut ttl_ms = None;
     let mut wait_ms = None;
     let mut retry = None;
@@ -170,7 +175,28 @@ pub(crate) fn parse_args(tokens: proc_macro2::TokenStream, errors: &mut Errors) 
             ));
             continue;
         }
+        // One lock or several: `key` and `keys` exclude each other; the one written second is the error.
+        let other = match name_str.as_str() {
+            "key" => Some("keys"),
+            "keys" => Some("key"),
+            _ => None,
+        };
+        if let Some(other) = other.filter(|other| seen.iter().any(|s| s == other)) {
+            errors.push(syn::Error::new(
+                name.span(),
+                format!(
+                    "`key` and `keys` cannot both be given: use `key = \"..\"` for one lock, or put every template \
+                     in `keys = [..]` to take several together; remove this `{name_str}` or the `{other}` before it"
+                ),
+            ));
+            seen.push(name.clone());
+            continue;
+        }
         seen.push(name.clone());
+        if name_str == "keys" {
+            keys = Some(key_templates(&value, errors));
+            continue;
+        }
         let Some(lit) = string_literal(&name_str, &value, errors) else {
             continue;
         };
@@ -250,14 +276,16 @@ pub(crate) fn parse_args(tokens: proc_macro2::TokenStream, errors: &mut Errors) 
         }
     }
     // After a syntax error the arguments were not read, so `key` may well be there.
-    if syntax_ok && !seen.iter().any(|s| s == "key") {
+    if syntax_ok && !seen.iter().any(|s| s == "key" || s == "keys") {
         errors.push(syn::Error::new(
             Span::call_site(),
-            "missing required argument `key`, e.g. `#[distributed_lock(key = \"report:<id>\")]`",
+            "missing required argument `key`, e.g. `#[distributed_lock(key = \"report:<id>\")]` (or `keys = [..]` \
+             for several locks taken together)",
         ));
     }
     Args {
         key,
+        keys,
         ttl_ms: ttl_ms.unwrap_or(DEFAULT_TTL_MS),
         wait_ms: wait_ms.unwrap_or(DEFAULT_WAIT_MS),
         retry,
@@ -267,6 +295,56 @@ pub(crate) fn parse_args(tokens: proc_macro2::TokenStream, errors: &mut Errors) 
         metadata,
         krate,
     }
+}
+
+/// The templates of `keys = ["..", ..]`, recording every problem: a value that is not a list, an element that
+/// is not a string literal, an empty list, a template written twice, and each template's own errors.
+fn key_templates(value: &Expr, errors: &mut Errors) -> Vec<TemplateArg> {
+    let example = "e.g. `keys = [\"account:<from>\", \"account:<to>\"]`";
+    let Expr::Array(ExprArray { elems, .. }) = value else {
+        errors.push(syn::Error::new_spanned(
+            value,
+            format!("`keys` must be a list of string literal templates, {example}; for one lock write `key = \"..\"`"),
+        ));
+        return Vec::new();
+    };
+    if elems.is_empty() {
+        errors.push(syn::Error::new_spanned(
+            value,
+            format!("`keys` needs at least one key template, {example}; for one lock write `key = \"..\"`"),
+        ));
+        return Vec::new();
+    }
+    let mut templates: Vec<TemplateArg> = Vec::with_capacity(elems.len());
+    for elem in elems {
+        let lit = match elem {
+            Expr::Lit(ExprLit { lit: Lit::Str(lit), attrs }) if attrs.is_empty() => lit.clone(),
+            other => {
+                errors.push(syn::Error::new_spanned(
+                    other,
+                    format!(
+                        "each of `keys` must be a string literal template such as \"account:<from>\", checked at \
+                         compile time; {example}"
+                    ),
+                ));
+                continue;
+            }
+        };
+        if templates.iter().any(|t| t.lit.value() == lit.value()) {
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!(
+                    "duplicate template {:?} in `keys`: it names the same lock as the one before; remove it \
+                     (keys that only render alike at run time, such as `<from>` and `<to>` with equal values, \
+                     are merged into one lock)",
+                    lit.value()
+                ),
+            ));
+            continue;
+        }
+        templates.push(TemplateArg::parse(TemplateKind::Key, lit, errors));
+    }
+    templates
 }
 
 /// Returns the string literal of an argument, or records an error on the value.

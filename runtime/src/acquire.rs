@@ -15,7 +15,7 @@ use crate::backend::{Announcement, Attempt, Hold, LockKeys, Queueing, Store, Wak
 use crate::grant::{Grant, Lease};
 use crate::hooks::{reverted, Fix};
 use crate::shutdown::Activity;
-use crate::{Client, LockError, LockGuard, LockRequest, LockToken, RetryStrategy};
+use crate::{held, Client, LockError, LockGuard, LockRequest, LockToken, RetryStrategy};
 
 /// The pause before trying again after an attempt failed while waiting.
 const RETRY_AFTER_ERROR: Duration = Duration::from_millis(50);
@@ -31,14 +31,113 @@ struct BusyAttempt {
     fence: u64,
 }
 
-pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockError> {
+/// Takes every key of `request` (one, or several from [`Client::lock_all`](crate::Client::lock_all)) into one
+/// guard. Several keys that are all free, with nobody queued, are first tried in one step where the store can
+/// ([`Store::acquire_free`]: one script on one server). Otherwise they are taken one by one in sorted order,
+/// each with the single-key path below and its own grant, all within the request's one `wait`: as every
+/// request takes its keys in the same order, no two requests can each hold a key the other waits for, so
+/// waiting cannot deadlock. If a key cannot be had, the
+/// keys already taken are released before the error returns (fail closed); if the request is dropped midway,
+/// the partial guard's drop releases them in the background. A key the running lock body already holds is
+/// nested: used, not taken again, and left to the outer body.
+pub(crate) async fn acquire_all(mut request: LockRequest) -> Result<LockGuard, LockError> {
+    let mut names = std::mem::take(&mut request.keys);
+    // Canonical order: what makes waiting for several keys deadlock-free; a key named twice is one lock.
+    names.sort_unstable();
+    names.dedup();
+    let several = names.len() > 1;
+    let started = Instant::now();
+    let deadline = started.checked_add(request.wait);
+    if several {
+        if let Some(guard) = acquire_free(&request, &names).await? {
+            return Ok(guard);
+        }
+    }
+    let mut guard = LockGuard::assemble(names.len());
+    for name in names {
+        if let Some(grant) = held::find(&request.client, &name) {
+            guard.push_nested(grant);
+            continue;
+        }
+        let wait = deadline.map_or(request.wait, |d| d.saturating_duration_since(Instant::now()));
+        match acquire(&request, name, wait).await {
+            Ok(grant) => guard.push(grant),
+            Err(e) => return Err(abandon_partial(guard, e, started).await),
+        }
+    }
+    if several {
+        guard.align_renewals();
+        // An earlier key may have been lost while a later one was awaited: the guard would be born lost.
+        if let Some(key) = guard.lost_key() {
+            let lost = LockError::Lost { key: key.to_owned() };
+            return Err(abandon_partial(guard, lost, started).await);
+        }
+    }
+    Ok(guard)
+}
+
+/// The fast path for several keys: all of them in one call, if all are free with nobody queued. `None`, with
+/// nothing held, when they are not (or the store cannot, or a key is held by the running lock body already, or
+/// grants must wait for replicas one by one): the caller then takes them one by one.
+async fn acquire_free(request: &LockRequest, names: &[String]) -> Result<Option<LockGuard>, LockError> {
+    let backend = &request.client.inner.backend;
+    if backend.capabilities().replica_acks || names.iter().any(|name| held::find(&request.client, name).is_some()) {
+        return Ok(None);
+    }
+    let prefix = &request.client.inner.prefix;
+    // In flight until the reply says what the store did: dropped before that (cancelled, or an error), each
+    // releases its grant, if it got one, in the background.
+    let mut pending: Vec<Pending> = names
+        .iter()
+        .map(|name| {
+            let mut p = Pending::new(&request.client, LockKeys::new(prefix, name.clone()), LockToken::random());
+            p.in_flight = true;
+            p
+        })
+        .collect();
+    let locks: Vec<(&LockKeys, &LockToken)> = pending.iter().map(|p| (&p.keys, &p.token)).collect();
+    let sent = Instant::now();
+    let Some(holds) = backend.acquire_free(&locks, request.ttl, &request.metadata).await? else {
+        pending.iter_mut().for_each(|p| p.in_flight = false); // nothing was granted
+        return Ok(None);
+    };
+    let leases: Vec<Lease> =
+        holds.iter().map(|&hold| Lease::granted(request.ttl, sent, reported(request, hold))).collect();
+    if holds.len() != pending.len() || leases.iter().any(Lease::is_lost) {
+        // The reply came too late to use: dropping `pending` gives the grants back; take the keys one by one.
+        return Ok(None);
+    }
+    let mut guard = LockGuard::assemble(names.len());
+    for ((p, hold), lease) in pending.into_iter().zip(holds).zip(leases) {
+        guard.push(grant(request, p, hold.fence, lease));
+    }
+    guard.align_renewals();
+    Ok(Some(guard))
+}
+
+/// A multi-key request failed on a key: gives back the keys it took (by their tokens), then reports the
+/// failure, whose wait counts from the start of the whole request.
+async fn abandon_partial(guard: LockGuard, error: LockError, started: Instant) -> LockError {
+    if guard.owns_any() {
+        if let Err(e) = guard.release().await {
+            tracing::debug!(error = %e, "distlock: giving back the keys a multi-key request took failed; their leases free them");
+        }
+    }
+    match error {
+        LockError::NotObtained { key, holder, .. } => LockError::NotObtained { key, waited: started.elapsed(), holder },
+        other => other,
+    }
+}
+
+/// Takes one key, waiting up to `wait`.
+async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<Grant, LockError> {
     // The key moves into the lock's names; errors name it from there.
-    let keys = LockKeys::new(&request.client.inner.prefix, std::mem::take(&mut request.key));
+    let keys = LockKeys::new(&request.client.inner.prefix, name);
     let mut pending = Pending::new(&request.client, keys, LockToken::random());
     let backend = &request.client.inner.backend;
     let capabilities = backend.capabilities();
     let started = Instant::now();
-    let deadline = started.checked_add(request.wait).unwrap_or(started + FOREVER);
+    let deadline = started.checked_add(wait).unwrap_or(started + FOREVER);
     let mut releases = None;
     let mut waiting = false;
     let mut last_busy: Option<BusyAttempt> = None;
@@ -46,7 +145,7 @@ pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockE
     loop {
         // Queue only once waiting, and listening where the store announces: a hand-over announced before
         // that could be missed.
-        let queueing = (waiting && capabilities.fair_queue).then(|| queueing(&request, retries + 1));
+        let queueing = (waiting && capabilities.fair_queue).then(|| queueing(request, retries + 1));
         pending.queued |= queueing.is_some();
         pending.in_flight = true;
         let sent = Instant::now();
@@ -66,7 +165,7 @@ pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockE
         };
         let remaining = match attempt {
             Attempt::Granted(hold) => {
-                let lease = Lease::granted(request.ttl, sent, reported(&request, hold));
+                let lease = Lease::granted(request.ttl, sent, reported(request, hold));
                 if !lease.is_lost() {
                     return Ok(grant(request, pending, hold.fence, lease));
                 }
@@ -97,7 +196,7 @@ pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockE
             }
         }
         retries += 1;
-        let refresh = refresh_interval(&request, retries);
+        let refresh = refresh_interval(request, retries);
         let until = (now + remaining.map_or(refresh, |r| refresh.min(r)).max(Duration::from_millis(1))).min(deadline);
         // Wait for our hand-over, a reason to retry, or the time to refresh our place.
         let handed = match releases.as_mut() {
@@ -123,7 +222,7 @@ pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockE
             }
         };
         // With replica acknowledgement a hand-over is always claimed, as the claim's write must be acknowledged.
-        let fresh = handed.filter(|_| !capabilities.replica_acks).and_then(|h| announced(&request, last_busy, h));
+        let fresh = handed.filter(|_| !capabilities.replica_acks).and_then(|h| announced(request, last_busy, h));
         if let Some((fence, lease)) = fresh.filter(|(_, lease)| !lease.is_lost()) {
             return Ok(grant(request, pending, fence, lease));
         }
@@ -133,14 +232,14 @@ pub(crate) async fn acquire(mut request: LockRequest) -> Result<LockGuard, LockE
 }
 
 /// The wait ran out: leave the queue, unless the lock was handed to us at the last moment.
-async fn give_up(request: LockRequest, mut pending: Pending, started: Instant) -> Result<LockGuard, LockError> {
+async fn give_up(request: &LockRequest, mut pending: Pending, started: Instant) -> Result<Grant, LockError> {
     if pending.queued {
         let backend = &request.client.inner.backend;
         let sent = Instant::now();
         let handed = backend.withdraw(&pending.keys, &pending.token).await?;
         pending.queued = false;
         if let Some(hold) = handed {
-            let lease = Lease::granted(request.ttl, sent, reported(&request, hold));
+            let lease = Lease::granted(request.ttl, sent, reported(request, hold));
             // With replica acknowledgement, nobody waited for the hand-over's write: it cannot count.
             if !lease.is_lost() && !backend.capabilities().replica_acks {
                 return Ok(grant(request, pending, hold.fence, lease));
@@ -161,7 +260,7 @@ async fn give_up(request: LockRequest, mut pending: Pending, started: Instant) -
 
 /// The server holds the lock for this request, which cannot use it (the reply came too late, or it needs an
 /// acknowledgement nobody waited for): release it, by token, so it is not left held, and report the wait lost.
-async fn give_back(request: LockRequest, mut pending: Pending, started: Instant) -> Result<LockGuard, LockError> {
+async fn give_back(request: &LockRequest, mut pending: Pending, started: Instant) -> Result<Grant, LockError> {
     pending.in_flight = true;
     let backend = &request.client.inner.backend;
     if reverted(Fix::ReleaseLostByClock) || backend.release(&pending.keys, &pending.token, None).await.is_ok() {
@@ -173,9 +272,9 @@ async fn give_back(request: LockRequest, mut pending: Pending, started: Instant)
     Err(LockError::NotObtained { key, waited: started.elapsed(), holder: None })
 }
 
-fn grant(request: LockRequest, pending: Pending, fence: u64, lease: Lease) -> LockGuard {
+fn grant(request: &LockRequest, pending: Pending, fence: u64, lease: Lease) -> Grant {
     let (keys, token, activity) = pending.finish();
-    LockGuard::new(Grant::new(request.client, keys, token, fence, lease, request.limits, activity))
+    Grant::new(request.client.clone(), keys, token, fence, lease, request.limits, activity)
 }
 
 /// A hand-over heard as an announcement, with its lease, if provably fresh: its fencing token is above that of
@@ -266,7 +365,7 @@ mod tests {
 
     use crate::backend::{Backend, Capabilities, Fencing, MemoryBackend, WakeUps};
     use crate::client::ClientInner;
-    use crate::{Client, RetryStrategy};
+    use crate::{Client, LockError, ReleaseOutcome, RetryStrategy};
 
     /// A store without a wait queue or announcements (as Redlock will be): waiters poll on their retry
     /// strategy, never queue, and still get the lock once it is free, within their wait.
@@ -299,5 +398,62 @@ mod tests {
         holder.release().await.unwrap();
         let guard = waiter.await.unwrap().expect("the waiter gets the lock by polling");
         assert!(!guard.is_lost());
+    }
+
+    /// A request of no key is refused before any call; a key named twice is one lock.
+    #[tokio::test]
+    async fn lock_all_needs_a_key_and_merges_duplicates() {
+        let client = Client::builder().memory().build().await.unwrap();
+        let none = client.lock_all(Vec::<String>::new()).acquire().await;
+        assert!(matches!(none, Err(LockError::InvalidConfig(ref m)) if m.contains("no key")), "{none:?}");
+        let bad = client.lock_all(["ok", ""]).acquire().await;
+        assert!(matches!(bad, Err(LockError::InvalidKey { .. })), "{bad:?}");
+        assert!(client.lock_info("ok").await.unwrap().is_none(), "a bad key takes nothing");
+        let guard = client.lock_all(["b", "a", "b"]).acquire().await.unwrap();
+        assert_eq!(guard.keys().collect::<Vec<_>>(), ["a", "b"]);
+        assert_ne!(guard.fencing_token_of("a"), None);
+        assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+    }
+
+    /// The keys are taken in sorted order within one wait: the busy key "b" is waited for while "a" is held,
+    /// and when the wait runs out "a" is given back before the error, which names "b" and the whole wait.
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_later_key_gives_back_the_earlier_ones_after_one_wait() {
+        let client = Client::builder().memory().build().await.unwrap();
+        let holder = client.lock("b").ttl(Duration::from_secs(60)).acquire().await.unwrap();
+        let started = tokio::time::Instant::now();
+        let failed = client.lock_all(["b", "a"]).wait(Duration::from_secs(2)).acquire().await;
+        match failed {
+            Err(LockError::NotObtained { key, waited, .. }) => {
+                assert_eq!(key, "b");
+                assert!(waited >= Duration::from_secs(2) && started.elapsed() < Duration::from_secs(3), "{waited:?}");
+            }
+            other => panic!("expected NotObtained, got {other:?}"),
+        }
+        assert!(client.lock_info("a").await.unwrap().is_none(), "the first key was given back");
+        assert_eq!(holder.release().await.unwrap(), ReleaseOutcome::Released);
+    }
+
+    /// Inside a body holding "a", a request for "a" and "c" uses the held "a" and takes "c"; its release gives
+    /// back "c" only.
+    #[tokio::test]
+    async fn a_partly_nested_request_takes_only_the_keys_not_held() {
+        let client = Client::builder().memory().build().await.unwrap();
+        let c = client.clone();
+        client
+            .lock("a")
+            .run(async move {
+                let outer = c.lock_info("a").await.unwrap().expect("held").fencing_token;
+                let guard = c.lock_all(["c", "a"]).acquire().await.unwrap();
+                assert_eq!(guard.fencing_token_of("a"), Some(outer), "the outer grant");
+                assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+                assert!(c.lock_info("a").await.unwrap().is_some(), "still the outer body's");
+                assert!(c.lock_info("c").await.unwrap().is_none(), "given back");
+                let all = c.lock_all(["a", "a"]).acquire().await.unwrap();
+                assert_eq!(all.release().await.unwrap(), ReleaseOutcome::Nested);
+            })
+            .await
+            .unwrap();
+        assert!(client.lock_info("a").await.unwrap().is_none());
     }
 }

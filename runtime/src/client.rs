@@ -86,7 +86,49 @@ impl Client {
     /// # drop(guard); Ok(()) }
     /// ```
     pub fn lock(&self, key: impl Into<String>) -> LockRequest {
-        LockRequest::new(self.clone(), key.into())
+        LockRequest::new(self.clone(), vec![key.into()])
+    }
+
+    /// A request for the locks named `keys`, all together: one guard holds every key, or the request fails and
+    /// holds none. The request has the same settings as [`lock`](Client::lock)'s, each applying to every key
+    /// (`wait` bounds the whole request).
+    ///
+    /// Each key is its own lock with its own grant, lease and fencing token
+    /// ([`LockGuard::fencing_token_of`](crate::LockGuard::fencing_token_of)); a key named twice is taken once.
+    /// When every key is free with nobody queued for it, they are taken in one step where the store can (one
+    /// script on one Redis server, or on a cluster when all keys share a slot; not with
+    /// [`wait_for_replicas`](crate::ClientBuilder::wait_for_replicas)); otherwise one by one in sorted order. As every such request takes its keys in the same order, two of them never wait for each
+    /// other's keys, whatever order their keys were given in: a transfer from `a` to `b` and one from `b` to `a`
+    /// cannot deadlock. If a key cannot be had within the wait, the keys already taken are released before
+    /// the error returns ([`LockError::NotObtained`] names the key that was busy). The guard renews every
+    /// key, releases every key, and is lost as soon as any key is. With no key at all, the request fails with
+    /// [`LockError::InvalidConfig`].
+    ///
+    /// The keys need not share a server or a cluster slot; each key is exactly the lock
+    /// [`lock`](Client::lock) would take, so single-key requests for one of them compete with this one.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// # let client = distlock::Client::builder().memory().build().await?;
+    /// use std::time::Duration;
+    /// let (from, to) = (7, 3);
+    /// let guard = client
+    ///     .lock_all([format!("account:{from}"), format!("account:{to}")])
+    ///     .ttl(Duration::from_secs(10))
+    ///     .wait(Duration::from_secs(2))
+    ///     .acquire()
+    ///     .await?;
+    /// assert_eq!(guard.keys().collect::<Vec<_>>(), ["account:3", "account:7"]); // sorted
+    /// assert!(client.lock("account:7").try_acquire().await?.is_none(), "each key is held");
+    /// guard.release().await?; // every key
+    ///
+    /// // Or run a future under all of them.
+    /// let moved = client.lock_all(["account:1", "account:2"]).run(async { 100 }).await?;
+    /// assert_eq!(moved, 100);
+    /// # Ok(()) }
+    /// ```
+    pub fn lock_all<S: Into<String>>(&self, keys: impl IntoIterator<Item = S>) -> LockRequest {
+        LockRequest::new(self.clone(), keys.into_iter().map(Into::into).collect())
     }
 
     /// Reads who holds `key` (owner, metadata, fencing token, how long it has been held and the lease left), or

@@ -2,7 +2,7 @@
 //! after it is finished (released, dropped or lost).
 
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -320,6 +320,71 @@ impl Grant {
         self.client.inner.backend.release(&self.keys, &self.token, keep).await
     }
 
+    /// Sets the lease to `ttl` from now (see [`LockGuard::extend`](crate::LockGuard::extend)).
+    pub(crate) async fn extend(self: &Arc<Self>, ttl: Duration) -> Result<(), LockError> {
+        let grant = self;
+        let lost = || LockError::Lost { key: grant.keys.name.clone() };
+        // Declared before the ticket, so that it acts after the ticket is dropped.
+        let mut unanswered = Unanswered(None);
+        // One command setting the lease at a time: a renewal in flight with the old ttl comes back first.
+        let serialized = !reverted(Fix::SerializedExtend);
+        let ticket = if serialized { Some(grant.exclusive().await.ok_or_else(lost)?) } else { None };
+        let before = grant.lease();
+        if before.is_lost() {
+            return Err(lost());
+        }
+        let sent = Instant::now();
+        if serialized {
+            // The server may set the new lease any moment from now on, and the reply may come late or never:
+            // until it says otherwise, the lease ends no later than either outcome would end it (an extend to
+            // a shorter lease lowers the deadline now, not when its reply arrives).
+            let applied = Lease::granted(ttl, sent, ttl);
+            grant.update_lease(|l| {
+                let shorter = applied.valid_until < l.valid_until;
+                if shorter {
+                    l.valid_until = applied.valid_until;
+                }
+                shorter
+            });
+        }
+        unanswered.0 = serialized.then_some(grant);
+        let reply = grant.client.inner.backend.renew(&grant.keys, &grant.token, ttl).await;
+        unanswered.0 = None;
+        let outcome = match reply {
+            Ok(true) if Instant::now() < before.valid_until || !serialized => {
+                grant.update_lease(|l| {
+                    let applies = !l.lost;
+                    if applies {
+                        *l = Lease::granted(ttl, sent, ttl);
+                    }
+                    applies
+                });
+                Ok(())
+            }
+            Ok(true) => {
+                grant.mark_lost("extend came back after the lease had run out");
+                Err(lost())
+            }
+            Ok(false) => {
+                grant.mark_gone("extend found the lock gone or taken");
+                Err(lost())
+            }
+            Err(e) if !serialized => Err(e),
+            Err(e) => {
+                // Applied or not, unknown: the earlier deadline assumed above stays. A renewal goes out at once
+                // to restore the lease.
+                grant.update_lease(|l| {
+                    l.renew_at = Instant::now();
+                    false
+                });
+                Err(e)
+            }
+        };
+        drop(ticket);
+        grant.client.inner.renewer.schedule(grant, grant.lease().renew_at);
+        outcome
+    }
+
     /// How long the record should outlive the release, for `min_hold`.
     fn keep_after_release(&self) -> Option<Duration> {
         self.min_hold.and_then(|h| h.checked_sub(self.acquired_at.elapsed())).filter(|k| !k.is_zero())
@@ -329,6 +394,24 @@ impl Grant {
 impl Drop for Grant {
     fn drop(&mut self) {
         self.client.inner.shutdown.unregister(self.id);
+    }
+}
+
+/// An extend sent and not answered, because its future was dropped (cancelled): as after a failed one, its
+/// outcome is unknown, the earlier deadline stays, and a renewal goes out at once to restore the lease (its
+/// old time may lie past the lowered deadline).
+struct Unanswered<'a>(Option<&'a Arc<Grant>>);
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some(grant) = self.0 {
+            let now = Instant::now();
+            grant.update_lease(|l| {
+                l.renew_at = now;
+                false
+            });
+            grant.client.inner.renewer.schedule(grant, now);
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::{Fencing, Store};
-use crate::grant::{Grant, Lease};
+use crate::grant::Grant;
 use crate::hooks::{reverted, Fix};
 use crate::{LockError, LockToken};
 
@@ -27,13 +27,18 @@ pub enum ReleaseOutcome {
     Nested,
 }
 
-/// A held lock. Dropping it stops the watchdog and releases the lock in the background;
-/// [`release`](LockGuard::release) does the same and reports what it found.
+/// A held lock — of one key ([`Client::lock`](crate::Client::lock)) or of several taken together
+/// ([`Client::lock_all`](crate::Client::lock_all)). Dropping it stops the watchdog and releases the lock in the
+/// background; [`release`](LockGuard::release) does the same and reports what it found.
 ///
 /// While the guard lives, the client's watchdog renews the lease every `ttl / 3`. If a renewal finds the lock taken, or
 /// none succeeds before the lease would run out, the lock is *lost*: [`is_lost`](LockGuard::is_lost) turns true
 /// and [`lost`](LockGuard::lost) resolves. Work that must not overlap with another holder should stop then, and
 /// writes to other systems should carry the [`fencing_token`](LockGuard::fencing_token).
+///
+/// A guard of several keys holds one grant per key, each with its own lease and fencing token
+/// ([`fencing_token_of`](LockGuard::fencing_token_of)); it is one lock all the same: renewal, [`extend`](LockGuard::extend)
+/// and release cover every key, and losing any key is losing the lock.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
@@ -50,45 +55,118 @@ pub enum ReleaseOutcome {
 #[derive(Debug)]
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard {
-    grant: Arc<Grant>,
+    /// One per key, in the keys' sorted order; never empty once the guard is handed out.
+    parts: Vec<Part>,
     /// Where a background release runs when the guard is dropped.
     runtime: Option<tokio::runtime::Handle>,
+    /// The owned parts were released (or there are none): nothing for the drop to do.
     released: bool,
-    /// Taken inside a lock body that holds the key already: the outer guard renews and releases.
+}
+
+/// One key of a guard.
+#[derive(Debug)]
+struct Part {
+    grant: Arc<Grant>,
+    /// Taken inside a lock body that holds the key already: the outer guard renews and releases it.
     nested: bool,
 }
 
 impl LockGuard {
-    /// Starts renewing `grant` and guards it.
-    pub(crate) fn new(grant: Grant) -> Self {
+    /// A guard with no key yet, for [`push`](Self::push) and [`push_nested`](Self::push_nested) to fill in the
+    /// keys' sorted order. Dropped part-way, it releases the keys pushed so far.
+    pub(crate) fn assemble(keys: usize) -> Self {
+        Self { parts: Vec::with_capacity(keys), runtime: tokio::runtime::Handle::try_current().ok(), released: true }
+    }
+
+    /// Adds a key just taken, and starts renewing it.
+    pub(crate) fn push(&mut self, grant: Grant) {
         let grant = Arc::new(grant);
         grant.client.inner.shutdown.register(grant.id, &grant);
         grant.client.inner.renewer.schedule(&grant, grant.lease().renew_at);
-        Self { grant, runtime: tokio::runtime::Handle::try_current().ok(), released: false, nested: false }
+        self.parts.push(Part { grant, nested: false });
+        self.released = false;
     }
 
-    /// A guard for a lock the current lock body already holds: same grant, no renewal, no release.
-    pub(crate) fn nested(grant: Arc<Grant>) -> Self {
-        Self { grant, runtime: None, released: true, nested: true }
+    /// Adds a key the running lock body holds already: no renewal, no release.
+    pub(crate) fn push_nested(&mut self, grant: Arc<Grant>) {
+        self.parts.push(Part { grant, nested: true });
     }
 
+    /// Renews every owned key at the earliest of their due times, so that from then on their renewals come due
+    /// together and go out in one batch.
+    pub(crate) fn align_renewals(&self) {
+        let mut owned = self.parts.iter().filter(|p| !p.nested).map(|p| &p.grant);
+        let Some(earliest) = owned.clone().map(|g| g.lease().renew_at).min() else { return };
+        if let Some(first) = owned.next() {
+            let renewer = &first.client.inner.renewer;
+            renewer.schedule(first, earliest);
+            owned.for_each(|grant| renewer.schedule(grant, earliest));
+        }
+    }
+
+    /// A guard for the locks the current lock body already holds: same grants, no renewal, no release.
+    pub(crate) fn nested(grants: Vec<Arc<Grant>>) -> Self {
+        let parts = grants.into_iter().map(|grant| Part { grant, nested: true }).collect();
+        Self { parts, runtime: None, released: true }
+    }
+
+    /// The first key's grant (the simulation watches single-key guards through it).
+    #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
     pub(crate) fn grant(&self) -> &Arc<Grant> {
-        &self.grant
+        &self.first().grant
     }
 
+    /// Every key's grant, in the keys' order.
+    pub(crate) fn grants(&self) -> Vec<Arc<Grant>> {
+        self.parts.iter().map(|p| Arc::clone(&p.grant)).collect()
+    }
+
+    /// Whether every key was held already by the running lock body (so this guard renews and releases nothing).
     pub(crate) fn is_nested(&self) -> bool {
-        self.nested
+        self.parts.iter().all(|p| p.nested)
     }
 
-    /// The lock's key, as requested.
+    /// Whether this guard took any key itself (which its release gives back).
+    pub(crate) fn owns_any(&self) -> bool {
+        !self.released
+    }
+
+    /// The first key known lost, if any.
+    pub(crate) fn lost_key(&self) -> Option<&str> {
+        self.parts.iter().find(|p| p.grant.is_lost()).map(|p| p.grant.keys.name.as_str())
+    }
+
+    fn first(&self) -> &Part {
+        // Never empty: a request has at least one key, and each key adds a part before the guard is handed out.
+        &self.parts[0]
+    }
+
+    /// The lock's key, as requested. For a guard of several keys, the first of [`keys`](LockGuard::keys) (in
+    /// sorted order).
     pub fn key(&self) -> &str {
-        &self.grant.keys.name
+        &self.first().grant.keys.name
     }
 
-    /// This grant's owner token. Its `Display` and `Debug` are redacted; the whole token is a credential for
-    /// this grant (see [`LockToken::expose_secret`]).
+    /// Every key this guard holds: sorted, each once (the order in which they were taken). One key for a guard
+    /// from [`Client::lock`](crate::Client::lock).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// # let client = distlock::Client::builder().memory().build().await?;
+    /// let guard = client.lock_all(["account:9", "account:1", "account:9"]).acquire().await?;
+    /// assert_eq!(guard.keys().collect::<Vec<_>>(), ["account:1", "account:9"]);
+    /// assert_eq!(guard.key(), "account:1");
+    /// # Ok(()) }
+    /// ```
+    pub fn keys(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
+        self.parts.iter().map(|p| p.grant.keys.name.as_str())
+    }
+
+    /// This grant's owner token (the first key's, for a guard of several keys, whose every key has a token of
+    /// its own). Its `Display` and `Debug` are redacted; the whole token is a credential for this grant (see
+    /// [`LockToken::expose_secret`]).
     pub fn token(&self) -> &LockToken {
-        &self.grant.token
+        &self.first().grant.token
     }
 
     /// The fencing token of this grant: strictly greater than that of every earlier grant of the same key, also
@@ -97,11 +175,32 @@ impl LockGuard {
     /// writes carrying a token lower than the highest it has seen: that is what keeps a paused, stale holder
     /// from overwriting the new holder's work.
     ///
+    /// For a guard of several keys, the first key's: fencing tokens are per key, so fence each write with the
+    /// token of the key it is about ([`fencing_token_of`](LockGuard::fencing_token_of)).
+    ///
     /// On [Redlock](crate::ClientBuilder::redlock), which has no sound fencing token, it is always 0: below
     /// every real token, so a storage that has seen one rejects it. Use
     /// [`try_fencing_token`](LockGuard::try_fencing_token) where a missing token must be an error.
     pub fn fencing_token(&self) -> u64 {
-        self.grant.fence
+        self.first().grant.fence
+    }
+
+    /// The fencing token of `key`'s grant in this guard, or `None` if the guard does not hold `key`: what to
+    /// send with a write about `key` (see [`fencing_token`](LockGuard::fencing_token); 0 on Redlock).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// # let client = distlock::Client::builder().memory().build().await?;
+    /// let guard = client.lock_all(["account:1", "account:2"]).acquire().await?;
+    /// let from = guard.fencing_token_of("account:1").expect("held");
+    /// let to = guard.fencing_token_of("account:2").expect("held");
+    /// assert!(from > 0 && to > 0);
+    /// assert_eq!(client.lock_info("account:2").await?.expect("held").fencing_token, to);
+    /// assert_eq!(guard.fencing_token_of("account:3"), None);
+    /// # Ok(()) }
+    /// ```
+    pub fn fencing_token_of(&self, key: &str) -> Option<u64> {
+        self.parts.iter().find(|p| p.grant.keys.name == key).map(|p| p.grant.fence)
     }
 
     /// The [fencing token](LockGuard::fencing_token), or [`LockError::InvalidConfig`] when the client's store
@@ -116,29 +215,31 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn try_fencing_token(&self) -> Result<u64, LockError> {
-        match self.grant.client.inner.backend.capabilities().fencing {
-            Fencing::Monotonic => Ok(self.grant.fence),
+        let grant = &self.first().grant;
+        match grant.client.inner.backend.capabilities().fencing {
+            Fencing::Monotonic => Ok(grant.fence),
             Fencing::None => Err(LockError::InvalidConfig(format!(
                 "lock `{}`: this client's store (Redlock) gives no fencing tokens; the maximum of independent \
                  servers' counters is not monotonic. Use a single server, a cluster or Sentinel where writes \
                  must be fenced",
-                self.grant.keys.name
+                grant.keys.name
             ))),
         }
     }
 
     /// Whether the lock is known lost: a renewal found it gone or taken, or the lease ran out locally without a
     /// successful renewal, or the grant is over (a guard kept from a finished lock body). Checked against the
-    /// monotonic clock on every call; once true, it stays true.
+    /// monotonic clock on every call; once true, it stays true. A guard of several keys is lost as soon as any
+    /// of its keys is.
     pub fn is_lost(&self) -> bool {
-        self.grant.is_lost()
+        self.parts.iter().any(|p| p.grant.is_lost())
     }
 
     /// The local instant after which the lock must be treated as lost: the end of the lease as this process
     /// knows it, which [`is_lost`](LockGuard::is_lost) compares with [`Instant::now`]. It never lies past the
     /// server's expiry of the grant (it counts from before the request was sent, minus a drift allowance), and
     /// moves later with every renewal or [`extend`](LockGuard::extend). Once the lock is known lost it is no
-    /// later than the moment that became known.
+    /// later than the moment that became known. For a guard of several keys, the earliest of its keys'.
     ///
     /// For work that is not fenced: do not start a step that could not finish before it.
     ///
@@ -156,10 +257,11 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn deadline(&self) -> Instant {
-        self.grant.deadline()
+        self.parts.iter().map(|p| p.grant.deadline()).min().unwrap_or_else(Instant::now)
     }
 
-    /// Resolves when the lock is known lost (see [`is_lost`](LockGuard::is_lost)); pending while it is held.
+    /// Resolves when the lock is known lost (see [`is_lost`](LockGuard::is_lost): any of its keys); pending
+    /// while it is held.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
@@ -171,82 +273,36 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn lost(&self) {
-        self.grant.lost().await;
+        if let [part] = self.parts.as_slice() {
+            return part.grant.lost().await;
+        }
+        futures_util::future::select_all(self.parts.iter().map(|p| Box::pin(p.grant.lost()))).await;
     }
 
-    /// The lease left on the server, or `None` when the lock is no longer this guard's.
+    /// The lease left on the server (for a guard of several keys, the shortest of its keys'), or `None` when
+    /// the lock (any of its keys) is no longer this guard's.
     pub async fn remaining_ttl(&self) -> Result<Option<Duration>, LockError> {
-        self.grant.client.inner.backend.remaining(&self.grant.keys, &self.grant.token).await
+        let mut shortest: Option<Duration> = None;
+        for part in &self.parts {
+            let grant = &part.grant;
+            match grant.client.inner.backend.remaining(&grant.keys, &grant.token).await? {
+                Some(left) => shortest = Some(shortest.map_or(left, |s| s.min(left))),
+                None => return Ok(None),
+            }
+        }
+        Ok(shortest)
     }
 
     /// Sets the lease to `ttl` from now; the watchdog keeps renewing with `ttl` from then on.
     /// Fails with [`LockError::Lost`] when the lock is no longer this guard's, also when the reply came back
     /// after the lease had run out. While the call is on its way, and when it fails (a timeout,
     /// [`LockError::NotReplicated`]), the server may or may not have applied it: the guard then assumes the
-    /// shorter of the two leases.
+    /// shorter of the two leases. A guard of several keys extends every key at once, and reports the first
+    /// failure in key order.
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
         crate::request::check_ttl(ttl)?;
-        let grant = &self.grant;
-        let lost = || LockError::Lost { key: grant.keys.name.clone() };
-        // Declared before the ticket, so that it acts after the ticket is dropped.
-        let mut unanswered = Unanswered(None);
-        // One command setting the lease at a time: a renewal in flight with the old ttl comes back first.
-        let serialized = !reverted(Fix::SerializedExtend);
-        let ticket = if serialized { Some(grant.exclusive().await.ok_or_else(lost)?) } else { None };
-        let before = grant.lease();
-        if before.is_lost() {
-            return Err(lost());
-        }
-        let sent = Instant::now();
-        if serialized {
-            // The server may set the new lease any moment from now on, and the reply may come late or never:
-            // until it says otherwise, the lease ends no later than either outcome would end it (an extend to
-            // a shorter lease lowers the deadline now, not when its reply arrives).
-            let applied = Lease::granted(ttl, sent, ttl);
-            grant.update_lease(|l| {
-                let shorter = applied.valid_until < l.valid_until;
-                if shorter {
-                    l.valid_until = applied.valid_until;
-                }
-                shorter
-            });
-        }
-        unanswered.0 = serialized.then_some(grant);
-        let reply = grant.client.inner.backend.renew(&grant.keys, &grant.token, ttl).await;
-        unanswered.0 = None;
-        let outcome = match reply {
-            Ok(true) if Instant::now() < before.valid_until || !serialized => {
-                grant.update_lease(|l| {
-                    let applies = !l.lost;
-                    if applies {
-                        *l = Lease::granted(ttl, sent, ttl);
-                    }
-                    applies
-                });
-                Ok(())
-            }
-            Ok(true) => {
-                grant.mark_lost("extend came back after the lease had run out");
-                Err(lost())
-            }
-            Ok(false) => {
-                grant.mark_gone("extend found the lock gone or taken");
-                Err(lost())
-            }
-            Err(e) if !serialized => Err(e),
-            Err(e) => {
-                // Applied or not, unknown: the earlier deadline assumed above stays. A renewal goes out at once
-                // to restore the lease.
-                grant.update_lease(|l| {
-                    l.renew_at = Instant::now();
-                    false
-                });
-                Err(e)
-            }
-        };
-        drop(ticket);
-        grant.client.inner.renewer.schedule(grant, grant.lease().renew_at);
-        outcome
+        let extended = futures_util::future::join_all(self.parts.iter().map(|p| p.grant.extend(ttl))).await;
+        extended.into_iter().find(Result::is_err).unwrap_or(Ok(()))
     }
 
     /// Stops the watchdog and gives the lock back, saying whether it was still ours. A guard the server said
@@ -254,6 +310,10 @@ impl LockGuard {
     /// hold the lock on the server, and sends the release, which acts only on this guard's own grant. A nested
     /// guard (taken inside a lock body that already holds the key) sends nothing, leaves the outer hold in
     /// place and reports [`ReleaseOutcome::Nested`].
+    ///
+    /// A guard of several keys releases every key at once and reports `Released` if every key was still its own,
+    /// else the first other outcome (or error) in key order. Keys it found held already by the running lock
+    /// body are left to that body.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
@@ -270,33 +330,25 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
-        if self.nested {
+        if self.is_nested() {
             return Ok(ReleaseOutcome::Nested);
         }
         // `released` is set only once the release is done: if this future is dropped on the way, the guard's
-        // Drop releases in the background instead.
-        let outcome = self.grant.release().await;
+        // Drop releases in the background instead (a grant released already just reports `Expired` again).
+        let outcome = match self.parts.as_slice() {
+            [one] => one.grant.release().await,
+            parts => release_all(parts.iter().filter(|p| !p.nested).map(|p| &p.grant)).await,
+        };
         self.released = true;
         outcome
     }
 }
 
-/// An extend sent and not answered, because its future was dropped (cancelled): as after a failed one, its
-/// outcome is unknown, the earlier deadline stays, and a renewal goes out at once to restore the lease (its
-/// old time may lie past the lowered deadline).
-struct Unanswered<'a>(Option<&'a Arc<Grant>>);
-
-impl Drop for Unanswered<'_> {
-    fn drop(&mut self) {
-        if let Some(grant) = self.0 {
-            let now = Instant::now();
-            grant.update_lease(|l| {
-                l.renew_at = now;
-                false
-            });
-            grant.client.inner.renewer.schedule(grant, now);
-        }
-    }
+/// Releases the grants all at once (one batch where the store batches): `Released` when every one was, else
+/// the first other outcome, or the first error.
+async fn release_all(grants: impl Iterator<Item = &Arc<Grant>>) -> Result<ReleaseOutcome, LockError> {
+    let outcomes = futures_util::future::join_all(grants.map(|grant| grant.release())).await;
+    outcomes.into_iter().find(|o| !matches!(o, Ok(ReleaseOutcome::Released))).unwrap_or(Ok(ReleaseOutcome::Released))
 }
 
 /// The lock held by the lock body running now — the innermost [`LockRequest::run`](crate::LockRequest::run) or
@@ -317,6 +369,9 @@ impl Drop for Unanswered<'_> {
 /// assert!(distlock::current_lock().is_none());
 /// # Ok(()) }
 /// ```
+///
+/// In the body of a lock of several keys ([`Client::lock_all`](crate::Client::lock_all), or the attribute's
+/// `keys`), it holds them all: see [`keys`](LockGuard::keys) and [`fencing_token_of`](LockGuard::fencing_token_of).
 pub fn current_lock() -> Option<LockGuard> {
     crate::held::innermost().map(LockGuard::nested)
 }
@@ -326,25 +381,29 @@ impl Drop for LockGuard {
         if self.released {
             return;
         }
-        let grant = Arc::clone(&self.grant);
-        // The server said the token no longer holds the lock: nothing to release. A lock lost by the clock
-        // alone is released all the same (by token, so never another owner's): the server may still hold it.
-        if grant.lease().gone || (reverted(Fix::ReleaseLostByClock) && grant.lease().is_lost()) {
-            grant.abandon();
-            return;
-        }
-        match &self.runtime {
-            Some(runtime) => {
-                runtime.spawn(async move {
-                    if let Err(e) = grant.release().await {
-                        tracing::warn!(key = %grant.keys.name, error = %e, "distlock: background release failed; the lock frees when its lease runs out");
-                    }
-                });
-            }
-            None => {
+        let mut grants: Vec<Arc<Grant>> = Vec::with_capacity(self.parts.len());
+        for part in self.parts.iter().filter(|p| !p.nested) {
+            let grant = &part.grant;
+            // The server said the token no longer holds the lock: nothing to release. A lock lost by the clock
+            // alone is released all the same (by token, so never another owner's): the server may still hold it.
+            if grant.lease().gone || (reverted(Fix::ReleaseLostByClock) && grant.lease().is_lost()) {
+                grant.abandon();
+            } else if self.runtime.is_some() {
+                grants.push(Arc::clone(grant));
+            } else {
                 grant.abandon();
                 tracing::warn!(key = %grant.keys.name, "distlock: guard dropped outside a tokio runtime; the lock frees when its lease runs out");
             }
+        }
+        if let (Some(runtime), false) = (&self.runtime, grants.is_empty()) {
+            runtime.spawn(async move {
+                let outcomes = futures_util::future::join_all(grants.iter().map(|grant| grant.release())).await;
+                for (grant, outcome) in grants.iter().zip(outcomes) {
+                    if let Err(e) = outcome {
+                        tracing::warn!(key = %grant.keys.name, error = %e, "distlock: background release failed; the lock frees when its lease runs out");
+                    }
+                }
+            });
         }
     }
 }

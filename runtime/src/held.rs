@@ -7,8 +7,10 @@ use std::sync::Arc;
 use crate::grant::Grant;
 use crate::Client;
 
+/// The holds of the lock bodies around the code being polled, innermost last; each is every key of one
+/// request (one key, or several from `lock_all`).
 #[derive(Clone, Default)]
-struct Held(Arc<Vec<Arc<Grant>>>);
+struct Held(Arc<Vec<Arc<[Arc<Grant>]>>>);
 
 tokio::task_local! {
     static HELD: Held;
@@ -16,19 +18,22 @@ tokio::task_local! {
 
 /// The grant of `key` held by the lock body being polled right now, if it was taken through `client`.
 pub(crate) fn find(client: &Client, key: &str) -> Option<Arc<Grant>> {
-    HELD.try_with(|held| held.0.iter().find(|g| g.keys.name == key && g.client.same_owner(client)).cloned())
-        .ok()
-        .flatten()
+    HELD.try_with(|held| {
+        held.0.iter().flat_map(|hold| hold.iter()).find(|g| g.keys.name == key && g.client.same_owner(client)).cloned()
+    })
+    .ok()
+    .flatten()
 }
 
-/// The grant most recently taken by the lock body being polled right now.
-pub(crate) fn innermost() -> Option<Arc<Grant>> {
-    HELD.try_with(|held| held.0.last().cloned()).ok().flatten()
+/// The grants of the innermost lock body being polled right now.
+pub(crate) fn innermost() -> Option<Vec<Arc<Grant>>> {
+    HELD.try_with(|held| held.0.last().map(|hold| hold.to_vec())).ok().flatten()
 }
 
-/// Runs `body` as the owner of `grant`, on top of the grants the enclosing body already holds.
-pub(crate) async fn scope<F: Future>(grant: Arc<Grant>, body: F) -> F::Output {
-    let mut grants: Vec<Arc<Grant>> = HELD.try_with(|held| held.0.as_ref().clone()).unwrap_or_default();
-    grants.push(grant);
-    HELD.scope(Held(Arc::new(grants)), body).await
+/// Runs `body` as the owner of `grants` (one request's keys), on top of the grants the enclosing body already
+/// holds.
+pub(crate) async fn scope<F: Future>(grants: Vec<Arc<Grant>>, body: F) -> F::Output {
+    let mut holds: Vec<Arc<[Arc<Grant>]>> = HELD.try_with(|held| held.0.as_ref().clone()).unwrap_or_default();
+    holds.push(grants.into());
+    HELD.scope(Held(Arc::new(holds)), body).await
 }

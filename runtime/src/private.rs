@@ -98,11 +98,39 @@ where
     R: LockedReturn,
     F: Future<Output = R>,
 {
+    run(spec, |client| client.lock(key), metadata, body).await
+}
+
+/// [`run_locked`] for `keys = [..]`: takes every rendered key together (`Client::lock_all`, which merges keys
+/// that rendered alike).
+pub async fn run_locked_all<R, F, const N: usize>(
+    spec: &'static LockSpec,
+    keys: [String; N],
+    metadata: String,
+    body: F,
+) -> R
+where
+    R: LockedReturn,
+    F: Future<Output = R>,
+{
+    run(spec, |client| client.lock_all(keys), metadata, body).await
+}
+
+async fn run<R, F>(
+    spec: &'static LockSpec,
+    request: impl FnOnce(&crate::Client) -> crate::LockRequest,
+    metadata: String,
+    body: F,
+) -> R
+where
+    R: LockedReturn,
+    F: Future<Output = R>,
+{
     let client = match crate::current_client() {
         Ok(client) => client,
         Err(e) => return R::from_result(Err(e.into())),
     };
-    let mut request = client.lock(key).ttl(spec.ttl).wait(spec.wait).metadata(metadata).on_lost(spec.on_lost);
+    let mut request = request(&client).ttl(spec.ttl).wait(spec.wait).metadata(metadata).on_lost(spec.on_lost);
     if let Some(retry) = spec.retry {
         request = request.retry(retry);
     }

@@ -1,7 +1,6 @@
 //! Lock requests: settings, the acquire loop (one round trip per attempt, woken by releases), and `run`.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::grant::HoldLimits;
@@ -110,8 +109,9 @@ pub enum OnLost {
     Continue,
 }
 
-/// A request for one lock, made with [`Client::lock`]; set options, then [`acquire`](LockRequest::acquire),
-/// [`try_acquire`](LockRequest::try_acquire) or [`run`](LockRequest::run).
+/// A request for one lock, made with [`Client::lock`] (one key) or [`Client::lock_all`] (several keys, taken
+/// together); set options, then [`acquire`](LockRequest::acquire), [`try_acquire`](LockRequest::try_acquire)
+/// or [`run`](LockRequest::run).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
@@ -134,11 +134,15 @@ pub enum OnLost {
 /// own settings apply — not its `ttl`, `wait`, `retry`, `metadata`, `min_hold`, `max_hold` nor `on_lost`:
 /// the outer request's govern the one hold. Its guard neither renews nor releases;
 /// [`release`](LockGuard::release) reports [`ReleaseOutcome::Nested`], and a nested `run` just runs its body.
+/// A request of several keys of which the body holds only some takes the others (with its own settings) and
+/// leaves the held ones to the outer body; it then waits for those keys while holding the outer body's,
+/// outside the one sorted order that keeps waiting for keys deadlock-free.
 #[derive(Debug, Clone)]
 #[must_use = "a lock request does nothing until acquired or run"]
 pub struct LockRequest {
     pub(crate) client: Client,
-    pub(crate) key: String,
+    /// One key, or several from `lock_all` (sorted and deduplicated when taken).
+    pub(crate) keys: Vec<String>,
     pub(crate) ttl: Duration,
     pub(crate) wait: Duration,
     pub(crate) metadata: String,
@@ -151,10 +155,10 @@ pub struct LockRequest {
 }
 
 impl LockRequest {
-    pub(crate) fn new(client: Client, key: String) -> Self {
+    pub(crate) fn new(client: Client, keys: Vec<String>) -> Self {
         Self {
             client,
-            key,
+            keys,
             ttl: Duration::from_secs(30),
             wait: Duration::ZERO,
             metadata: String::new(),
@@ -236,7 +240,14 @@ impl LockRequest {
     }
 
     fn check(&self) -> Result<(), LockError> {
-        check_key(&self.key)?;
+        if self.keys.is_empty() {
+            return Err(LockError::InvalidConfig(
+                "Client::lock_all was given no key: a lock needs at least one".into(),
+            ));
+        }
+        for key in &self.keys {
+            check_key(key)?;
+        }
         check_ttl(self.ttl)?;
         if self.limits.min_hold.is_some_and(|hold| hold > MAX_TTL) {
             return Err(LockError::InvalidConfig("min_hold is above what Redis can store".into()));
@@ -252,6 +263,10 @@ impl LockRequest {
 
     /// Takes the lock, waiting up to `wait` while it is busy; [`LockError::NotObtained`] when the wait runs out.
     ///
+    /// Several keys ([`Client::lock_all`]) are taken all or nothing: in one step when all are free, else one by
+    /// one in sorted order, all within the one `wait`; if one cannot be had, those already taken are released before the error (which names that
+    /// key) is returned.
+    ///
     /// Inside a [`run`](LockRequest::run) body that holds this key (through the same client) it succeeds at
     /// once with a nested guard that shares the outer grant and leaves the outer hold in place: see
     /// [Nested requests](LockRequest#nested-requests).
@@ -260,17 +275,19 @@ impl LockRequest {
     /// also while waiting (the request then leaves the queue).
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         self.check()?;
-        if let Some(grant) = held::find(&self.client, &self.key) {
-            return Ok(LockGuard::nested(grant));
-        }
         let client = self.client.clone();
+        // A request for keys the running lock body holds asks the server for nothing: nested, it is granted
+        // also while the client shuts down.
+        if self.keys.iter().all(|key| held::find(&client, key).is_some()) {
+            return crate::acquire::acquire_all(self).await;
+        }
         let shutdown = &client.inner.shutdown;
         if shutdown.is_started() {
             return Err(LockError::ShuttingDown);
         }
         tokio::select! {
             biased;
-            outcome = crate::acquire::acquire(self) => match outcome {
+            outcome = crate::acquire::acquire_all(self) => match outcome {
                 // Granted as shutdown started: given back, as a waiter would have stopped.
                 Ok(guard) if shutdown.is_started() => {
                     let _ = guard.release().await;
@@ -325,18 +342,18 @@ impl LockRequest {
         let _running = self.client.inner.shutdown.activity();
         let on_lost = self.on_lost;
         let guard = self.acquire().await?;
-        let grant = Arc::clone(guard.grant());
         if guard.is_nested() {
             // Nested: the outer body's lock, watched by the outer `run`.
             return Ok(body.await);
         }
+        let lost = |guard: &LockGuard| LockError::Lost { key: guard.lost_key().unwrap_or(guard.key()).to_owned() };
         if guard.is_lost() {
             // Lost before the body's first poll (e.g. a shutdown's grace ended): the body never starts.
-            return Err(LockError::Lost { key: grant.keys.name.clone() });
+            return Err(lost(&guard));
         }
         // Boxed: nested lock bodies (an annotated fn calling another) would otherwise each copy the whole body
         // future into their poll frames, which in debug builds overflows a thread's stack after a few levels.
-        let mut body = Box::pin(held::scope(Arc::clone(&grant), body));
+        let mut body = Box::pin(held::scope(guard.grants(), body));
         let output = match on_lost {
             OnLost::Abort => {
                 tokio::select! {
@@ -345,23 +362,24 @@ impl LockRequest {
                         // A body that kept its thread past the deadline (blocking code) finished without the
                         // lock: its work may have overlapped another holder's, and the caller must know.
                         if guard.is_lost() {
-                            return Err(LockError::Lost { key: grant.keys.name.clone() });
+                            return Err(lost(&guard));
                         }
                         output
                     }
-                    () = guard.lost() => return Err(LockError::Lost { key: grant.keys.name.clone() }),
+                    () = guard.lost() => return Err(lost(&guard)),
                 }
             }
             OnLost::Continue => body.await,
         };
         // The body's output is never thrown away over a failed release: the lease frees the lock anyway.
+        let key = guard.key().to_owned();
         match guard.release().await {
             Ok(ReleaseOutcome::Released) => {}
             Ok(outcome) => {
-                tracing::warn!(key = %grant.keys.name, ?outcome, "distlock: the lock was no longer held when the body finished");
+                tracing::warn!(%key, ?outcome, "distlock: the lock was no longer held when the body finished");
             }
             Err(e) => {
-                tracing::warn!(key = %grant.keys.name, error = %e, "distlock: release failed; the lock frees when its lease runs out");
+                tracing::warn!(%key, error = %e, "distlock: release failed; the lock frees when its lease runs out");
             }
         }
         Ok(output)

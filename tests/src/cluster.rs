@@ -112,14 +112,18 @@ impl RedisCluster {
             .unwrap_or_default()
     }
 
-    /// The port of the primary that serves `key`'s slot now.
-    pub fn primary_for(&self, key: &str) -> u16 {
-        let slot: u16 = self
-            .nodes
+    /// The hash slot of `key`, as the cluster computes it (`CLUSTER KEYSLOT`).
+    pub fn slot(&self, key: &str) -> u16 {
+        self.nodes
             .iter()
             .map(|n| self.cli(n.port(), &["CLUSTER", "KEYSLOT", key]))
             .find_map(|text| text.trim().parse().ok())
-            .expect("CLUSTER KEYSLOT");
+            .expect("CLUSTER KEYSLOT")
+    }
+
+    /// The port of the primary that serves `key`'s slot now.
+    pub fn primary_for(&self, key: &str) -> u16 {
+        let slot = self.slot(key);
         let nodes = self.cluster_nodes();
         nodes
             .lines()

@@ -96,6 +96,22 @@ impl MemoryState {
         fence
     }
 
+    /// Grants the free lock `keys` to `token` for `ttl`; its fencing token.
+    fn grant(&mut self, keys: &LockKeys, token: &LockToken, ttl: Duration, owner: &Arc<str>, metadata: &str) -> u64 {
+        let fence = self.next_fence(keys, ttl);
+        let now = Instant::now();
+        let record = Record {
+            token: Some(token.as_str().to_owned()),
+            fence,
+            owner: Arc::clone(owner),
+            metadata: metadata.to_owned(),
+            granted: now,
+            expires_at: now + ttl,
+        };
+        self.records.insert(keys.record.clone(), record);
+        fence
+    }
+
     /// Drops expired records, fences and waiters once the maps have doubled since the last sweep, so locks
     /// nobody touches again leave nothing behind (Redis expires its keys itself); amortized O(1) per grant.
     fn sweep_if_grown(&mut self, now: Instant) {
@@ -238,18 +254,29 @@ impl Store for MemoryBackend {
             }
             return Ok(Attempt::Busy { fence, remaining: Some(remaining) });
         }
-        let fence = state.next_fence(keys, ttl);
-        let now = Instant::now();
-        let record = Record {
-            token: Some(token.as_str().to_owned()),
-            fence,
-            owner: Arc::clone(&self.owner),
-            metadata: metadata.to_owned(),
-            granted: now,
-            expires_at: now + ttl,
-        };
-        state.records.insert(keys.record.clone(), record);
+        let fence = state.grant(keys, token, ttl, &self.owner, metadata);
         Ok(Attempt::Granted(Hold { fence, lease: ttl }))
+    }
+
+    async fn acquire_free(
+        &self,
+        locks: &[(&LockKeys, &LockToken)],
+        ttl: Duration,
+        metadata: &str,
+    ) -> Result<Option<Vec<Hold>>, LockError> {
+        let mut state = self.state();
+        // As ACQUIRE_ALL: a lock held (also by nobody) or with a queue, even of lapsed waiters, is left to
+        // `acquire`, which hands it over or claims it.
+        for (keys, _) in locks {
+            if state.live(&keys.record).is_some() || state.queues.contains_key(&keys.record) {
+                return Ok(None);
+            }
+        }
+        let grant = |(keys, token): &(&LockKeys, &LockToken)| Hold {
+            fence: state.grant(keys, token, ttl, &self.owner, metadata),
+            lease: ttl,
+        };
+        Ok(Some(locks.iter().map(grant).collect()))
     }
 
     async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError> {
@@ -423,6 +450,35 @@ mod tests {
         let info = alpha.info(&keys).await.unwrap().expect("handed over");
         assert_eq!((info.owner.as_str(), info.metadata.as_str()), ("beta", "second"));
         assert_eq!(info.held_for, Duration::from_secs(2), "a hand-over is a new grant");
+    }
+
+    /// Free locks are granted together, or none is: a held lock, or a free one with somebody queued for it
+    /// (a lapsed hold whose heir has not been served yet), leaves every key alone, so no waiter is jumped.
+    #[tokio::test(start_paused = true)]
+    async fn free_locks_are_granted_together_and_queued_ones_never_jumped() {
+        let ttl = Duration::from_secs(10);
+        let store = MemoryBackend::new("test".into());
+        let (a, b) = (LockKeys::new("t:", "a".into()), LockKeys::new("t:", "b".into()));
+        let (mine, holder, waiter) = (LockToken::random(), LockToken::random(), LockToken::random());
+        let mine_b = LockToken::random();
+        let holds = store.acquire_free(&[(&a, &mine), (&b, &mine_b)], ttl, "m").await.unwrap().expect("both free");
+        assert_eq!(holds.len(), 2);
+        assert!(holds.iter().all(|h| h.lease == ttl && h.fence > 0));
+        assert_eq!(store.info(&b).await.unwrap().expect("held").fencing_token, holds[1].fence);
+        store.release(&a, &mine, None).await.unwrap();
+        store.release(&b, &mine_b, None).await.unwrap();
+
+        // b held for 1 s, with a waiter queued behind it; then the hold lapses unreleased.
+        let short = Duration::from_secs(1);
+        assert!(matches!(store.acquire(&b, &holder, short, "", None).await.unwrap(), Attempt::Granted(_)));
+        assert!(store.acquire_free(&[(&a, &mine), (&b, &mine_b)], ttl, "").await.unwrap().is_none(), "b held");
+        let queueing = Some(Queueing { register: ttl, lease: ttl });
+        assert!(matches!(store.acquire(&b, &waiter, ttl, "", queueing).await.unwrap(), Attempt::Busy { .. }));
+        tokio::time::advance(short * 2).await;
+        assert!(store.acquire_free(&[(&a, &mine), (&b, &mine_b)], ttl, "").await.unwrap().is_none(), "b queued");
+        assert!(store.info(&a).await.unwrap().is_none(), "nothing taken");
+        // The waiter is served first.
+        assert!(matches!(store.acquire(&b, &waiter, ttl, "", None).await.unwrap(), Attempt::Granted(_)));
     }
 
     /// The in-process store keeps the Redis store's promise: tokens rise across a new store (a new process)

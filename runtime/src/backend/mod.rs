@@ -235,6 +235,15 @@ impl Store for Backend {
         dispatch!(self, b => b.acquire(keys, token, ttl, metadata, queueing).await)
     }
 
+    async fn acquire_free(
+        &self,
+        locks: &[(&LockKeys, &LockToken)],
+        ttl: Duration,
+        metadata: &str,
+    ) -> Result<Option<Vec<Hold>>, LockError> {
+        dispatch!(self, b => b.acquire_free(locks, ttl, metadata).await)
+    }
+
     async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError> {
         dispatch!(self, b => b.withdraw(keys, token).await)
     }

@@ -59,6 +59,20 @@ pub(crate) trait Store {
         queueing: Option<Queueing>,
     ) -> Result<Attempt, LockError>;
 
+    /// Grants every lock of `locks` (each its names and token) for `ttl` in one atomic step if all of them are
+    /// free with nobody queued; `None`, having changed nothing, when any is not, or when this store cannot take
+    /// them in one step (the default; a cluster with keys in different slots). The engine then takes the keys
+    /// one by one with [`acquire`](Store::acquire). Each grant is exactly what `acquire` would have made.
+    async fn acquire_free(
+        &self,
+        locks: &[(&LockKeys, &LockToken)],
+        ttl: Duration,
+        metadata: &str,
+    ) -> Result<Option<Vec<Hold>>, LockError> {
+        let _ = (locks, ttl, metadata);
+        Ok(None)
+    }
+
     /// Leaves the queue; `Some` if the lock was handed to `token` meanwhile (it is then held).
     async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError>;
 

@@ -25,6 +25,7 @@ mod config_errors;
 mod connect;
 mod link;
 mod listing;
+mod multi_key;
 mod scripts;
 mod subscriber;
 mod window;
@@ -265,6 +266,15 @@ impl Store for RedisBackend {
             return Err(e);
         }
         Ok(attempt)
+    }
+
+    async fn acquire_free(
+        &self,
+        locks: &[(&LockKeys, &LockToken)],
+        ttl: Duration,
+        metadata: &str,
+    ) -> Result<Option<Vec<Hold>>, LockError> {
+        self.acquire_all_free(locks, ttl, metadata).await
     }
 
     async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError> {

@@ -205,8 +205,20 @@ const CALL_FRAME: &str =
     "local call = table.remove(ARGV)\nlocal reply = (function()\n{body}end)()\nreturn {call, reply}\n";
 
 /// Every script.
-pub(super) fn all_scripts() -> [&'static LuaScript; 10] {
-    [&ACQUIRE, &RELEASE, &BATCH, &RENEW, &RENEW_MANY, &WITHDRAW, &REMAINING, &INFO, &FORCE_UNLOCK, &WAITERS]
+pub(super) fn all_scripts() -> [&'static LuaScript; 11] {
+    [
+        &ACQUIRE,
+        &ACQUIRE_ALL,
+        &RELEASE,
+        &BATCH,
+        &RENEW,
+        &RENEW_MANY,
+        &WITHDRAW,
+        &REMAINING,
+        &INFO,
+        &FORCE_UNLOCK,
+        &WAITERS,
+    ]
 }
 
 /// The files scripts include, by name.
@@ -243,6 +255,7 @@ fn compose(file: &str) -> String {
 }
 
 pub(super) static ACQUIRE: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/acquire.lua")));
+pub(super) static ACQUIRE_ALL: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/acquire_all.lua")));
 pub(super) static RELEASE: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/release.lua")));
 pub(super) static BATCH: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/batch.lua")));
 pub(super) static RENEW: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/renew.lua")));
@@ -259,9 +272,10 @@ mod tests {
     use crate::backend::{CHANNEL, FENCE, FENCE_REFRESH, FENCE_RETENTION};
 
     /// Every script, named; the same as [`all_scripts`], in its order.
-    fn all() -> [(&'static str, &'static LuaScript); 10] {
+    fn all() -> [(&'static str, &'static LuaScript); 11] {
         [
             ("acquire", &ACQUIRE),
+            ("acquire_all", &ACQUIRE_ALL),
             ("release", &RELEASE),
             ("batch", &BATCH),
             ("renew", &RENEW),
