@@ -78,6 +78,7 @@ mod grant;
 mod guard;
 mod held;
 mod hooks;
+mod observe;
 mod request;
 mod token;
 #[cfg(feature = "tower")]

@@ -4,13 +4,18 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+use tracing::{Instrument, Span};
+
 use crate::grant::HoldLimits;
-use crate::{held, Client, LockError, LockGuard, ReleaseOutcome};
+use crate::{held, observe, Client, LockError, LockGuard};
 
 /// The shortest lease accepted: below it, one slow round trip would eat the whole lease.
 const MIN_TTL: Duration = Duration::from_millis(100);
 /// The longest lease accepted: far inside what Redis's PEXPIRE can represent.
 const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 4);
+/// Why a lock body's lock was lost when the clock alone says so (nothing marked it lost before).
+const LEASE_RAN_OUT: &str = "the lease ran out before a renewal succeeded";
 /// Keys longer than this are almost surely a bug (a whole document rendered into a key).
 const MAX_KEY_BYTES: usize = 1024;
 
@@ -255,12 +260,42 @@ impl LockRequest {
     /// Inside a [`run`](LockRequest::run) body that holds this key (through the same client) it succeeds at
     /// once with a nested guard that shares the outer grant and leaves the outer hold in place: see
     /// [Nested requests](LockRequest#nested-requests).
+    ///
+    /// Traced as a `lock` span (see [Observability](crate#observability)) that covers the acquisition only:
+    /// it opens with this call and closes when it returns, with the outcome `held`, `not_obtained` or `error`;
+    /// the guard's later life is not part of it.
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
-        self.check()?;
-        if let Some(grant) = held::find(&self.client, &self.key) {
-            return Ok(LockGuard::nested(grant));
+        let span = observe::lock_span(&self.key, None);
+        let result = self.acquire_in(&span).instrument(span.clone()).await;
+        observe::record_outcome(&span, result.as_ref().map(|_| false));
+        result
+    }
+
+    /// The acquisition of [`acquire`](Self::acquire) and [`run`](Self::run): records the grant's fencing token
+    /// and the time to the answer in `span`, and counts it (nested requests ask the store nothing and are not
+    /// counted).
+    async fn acquire_in(self, span: &Span) -> Result<LockGuard, LockError> {
+        let started = observe::wants_timing(span).then(Instant::now);
+        let result = match self.check() {
+            Ok(()) => {
+                if let Some(grant) = held::find(&self.client, &self.key) {
+                    span.record("fencing_token", grant.fence);
+                    span.record("waited_ms", 0);
+                    return Ok(LockGuard::nested(grant));
+                }
+                crate::acquire::acquire(self).await
+            }
+            Err(e) => Err(e),
+        };
+        let waited = started.map(|started| started.elapsed());
+        if let Some(waited) = waited.filter(|_| matches!(result, Ok(_) | Err(LockError::NotObtained { .. }))) {
+            span.record("waited_ms", u64::try_from(waited.as_millis()).unwrap_or(u64::MAX));
         }
-        crate::acquire::acquire(self).await
+        if let Ok(guard) = &result {
+            span.record("fencing_token", guard.fencing_token());
+        }
+        observe::acquired(&result, waited);
+        result
     }
 
     /// One attempt: the guard, or `None` when another owner holds the lock.
@@ -300,14 +335,37 @@ impl LockRequest {
     /// assert_eq!(inner, "nested");
     /// # Ok(()) }
     /// ```
+    ///
+    /// Traced as a `lock` span (see [Observability](crate#observability)) entered for the whole future: the
+    /// wait and the body, whose own spans and events are its children.
     pub async fn run<F: Future>(self, body: F) -> Result<F::Output, LockError> {
+        let span = observe::lock_span(&self.key, None);
+        self.run_in(span, body).await
+    }
+
+    /// [`run`](Self::run) in `span` (the attribute's, which names its function).
+    pub(crate) async fn run_in<F: Future>(self, span: Span, body: F) -> Result<F::Output, LockError> {
+        let result = self.run_body(&span, body).instrument(span.clone()).await;
+        observe::record_outcome(&span, result.as_ref().map(|&(_, lost)| lost));
+        result.map(|(output, _)| output)
+    }
+
+    /// What `run` does; the output, and whether the lock was lost under a body that `OnLost::Continue` let
+    /// finish.
+    async fn run_body<F: Future>(self, span: &Span, body: F) -> Result<(F::Output, bool), LockError> {
         let on_lost = self.on_lost;
-        let guard = self.acquire().await?;
+        let guard = self.acquire_in(span).await?;
         let grant = Arc::clone(guard.grant());
         if guard.is_nested() {
             // Nested: the outer body's lock, watched by the outer `run`.
-            return Ok(body.await);
+            return Ok((body.await, false));
         }
+        // A loss seen here may be the clock's alone (the lease ran out before the renewer noticed): marked, so
+        // that it is reported and counted once, like one the renewer found.
+        let lost = || {
+            grant.mark_lost(LEASE_RAN_OUT);
+            LockError::Lost { key: grant.keys.name.clone() }
+        };
         // Boxed: nested lock bodies (an annotated fn calling another) would otherwise each copy the whole body
         // future into their poll frames, which in debug builds overflows a thread's stack after a few levels.
         let mut body = Box::pin(held::scope(Arc::clone(&grant), body));
@@ -319,26 +377,25 @@ impl LockRequest {
                         // A body that kept its thread past the deadline (blocking code) finished without the
                         // lock: its work may have overlapped another holder's, and the caller must know.
                         if guard.is_lost() {
-                            return Err(LockError::Lost { key: grant.keys.name.clone() });
+                            return Err(lost());
                         }
                         output
                     }
-                    () = guard.lost() => return Err(LockError::Lost { key: grant.keys.name.clone() }),
+                    () = guard.lost() => return Err(lost()),
                 }
             }
             OnLost::Continue => body.await,
         };
-        // The body's output is never thrown away over a failed release: the lease frees the lock anyway.
-        match guard.release().await {
-            Ok(ReleaseOutcome::Released) => {}
-            Ok(outcome) => {
-                tracing::warn!(key = %grant.keys.name, ?outcome, "distlock: the lock was no longer held when the body finished");
-            }
-            Err(e) => {
-                tracing::warn!(key = %grant.keys.name, error = %e, "distlock: release failed; the lock frees when its lease runs out");
-            }
+        let lost_under_body = guard.is_lost();
+        if lost_under_body {
+            grant.mark_lost(LEASE_RAN_OUT);
         }
-        Ok(output)
+        // The body's output is never thrown away over a failed release: the lease frees the lock anyway. (A
+        // release that found the lock no longer ours is reported by the release itself.)
+        if let Err(e) = guard.release().await {
+            tracing::warn!(key = %grant.keys.name, error = %e, "distlock: release failed; the lock frees when its lease runs out");
+        }
+        Ok((output, lost_under_body))
     }
 
     /// [`run`](LockRequest::run) for a body that returns a `Result` whose error converts from [`LockError`],
