@@ -240,7 +240,7 @@ impl Grant {
         // State first: a schedule racing with this either sees FINISHED or is undone by the cancel.
         let before = self.state.fetch_or(FINISHED, Ordering::AcqRel);
         if before & FINISHED == 0 {
-            crate::observe::grant_ended(self.acquired_at.elapsed());
+            crate::observe::grant_ended(self.acquired_at);
         }
         let in_flight = before & RENEWING != 0;
         self.client.inner.renewer.cancel(self);
@@ -301,7 +301,7 @@ impl Drop for Grant {
         // A grant that was never finished (its guard's background release never ran: the runtime shut down)
         // still ends here, once, for the held gauge.
         if !self.is_finished() {
-            crate::observe::grant_ended(self.acquired_at.elapsed());
+            crate::observe::grant_ended(self.acquired_at);
         }
     }
 }

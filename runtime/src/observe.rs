@@ -26,6 +26,9 @@ pub(crate) fn lock_span(key: &str, function: Option<&'static str>) -> Span {
 /// Records what a lock body came to: `held` (the body or acquisition had the lock), `lost` (it was lost under
 /// the body, also when `OnLost::Continue` let the body finish), `not_obtained` or `error`.
 pub(crate) fn record_outcome(span: &Span, result: Result<bool, &LockError>) {
+    if span.is_disabled() {
+        return;
+    }
     let outcome = match result {
         Ok(false) => "held",
         Ok(true) | Err(LockError::Lost { .. }) => "lost",
@@ -38,6 +41,8 @@ pub(crate) fn record_outcome(span: &Span, result: Result<bool, &LockError>) {
 #[cfg(feature = "metrics")]
 mod enabled {
     use std::time::Duration;
+
+    use tokio::time::Instant;
 
     use crate::LockError;
 
@@ -72,10 +77,10 @@ mod enabled {
         metrics::gauge!("distlock_held").increment(1.0);
     }
 
-    /// A grant ended (released, dropped or abandoned), `held` after it began.
-    pub(crate) fn grant_ended(held: Duration) {
+    /// A grant ended (released, dropped or abandoned); it began at `acquired_at`.
+    pub(crate) fn grant_ended(acquired_at: Instant) {
         metrics::gauge!("distlock_held").decrement(1.0);
-        metrics::histogram!("distlock_hold_seconds").record(held.as_secs_f64());
+        metrics::histogram!("distlock_hold_seconds").record(acquired_at.elapsed().as_secs_f64());
     }
 
     /// One call to the store, by operation.
@@ -106,6 +111,8 @@ mod enabled {
     //! Without the feature: the same hooks, doing nothing.
     use std::time::Duration;
 
+    use tokio::time::Instant;
+
     use crate::LockError;
 
     #[inline(always)]
@@ -117,7 +124,7 @@ mod enabled {
     #[inline(always)]
     pub(crate) fn grant_started() {}
     #[inline(always)]
-    pub(crate) fn grant_ended(_: Duration) {}
+    pub(crate) fn grant_ended(_: Instant) {}
 
     #[derive(Debug)]
     pub(crate) struct Waiting(());

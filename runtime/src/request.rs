@@ -266,7 +266,11 @@ impl LockRequest {
     /// the guard's later life is not part of it.
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         let span = observe::lock_span(&self.key, None);
-        let result = self.acquire_in(&span).instrument(span.clone()).await;
+        let result = if span.is_disabled() {
+            self.acquire_in(&span).await
+        } else {
+            self.acquire_in(&span).instrument(span.clone()).await
+        };
         observe::record_outcome(&span, result.as_ref().map(|_| false));
         result
     }
@@ -288,11 +292,14 @@ impl LockRequest {
             Err(e) => Err(e),
         };
         let waited = started.map(|started| started.elapsed());
-        if let Some(waited) = waited.filter(|_| matches!(result, Ok(_) | Err(LockError::NotObtained { .. }))) {
-            span.record("waited_ms", u64::try_from(waited.as_millis()).unwrap_or(u64::MAX));
-        }
-        if let Ok(guard) = &result {
-            span.record("fencing_token", guard.fencing_token());
+        // Even a disabled span looks its fields up by name when recording: skipped when nobody listens.
+        if !span.is_disabled() {
+            if let Some(waited) = waited.filter(|_| matches!(result, Ok(_) | Err(LockError::NotObtained { .. }))) {
+                span.record("waited_ms", u64::try_from(waited.as_millis()).unwrap_or(u64::MAX));
+            }
+            if let Ok(guard) = &result {
+                span.record("fencing_token", guard.fencing_token());
+            }
         }
         observe::acquired(&result, waited);
         result
@@ -345,7 +352,12 @@ impl LockRequest {
 
     /// [`run`](Self::run) in `span` (the attribute's, which names its function).
     pub(crate) async fn run_in<F: Future>(self, span: Span, body: F) -> Result<F::Output, LockError> {
-        let result = self.run_body(&span, body).instrument(span.clone()).await;
+        // Not even entered when nobody listens: a lock cycle then costs what it did before spans.
+        let result = if span.is_disabled() {
+            self.run_body(&span, body).await
+        } else {
+            self.run_body(&span, body).instrument(span.clone()).await
+        };
         observe::record_outcome(&span, result.as_ref().map(|&(_, lost)| lost));
         result.map(|(output, _)| output)
     }
@@ -386,7 +398,8 @@ impl LockRequest {
             }
             OnLost::Continue => body.await,
         };
-        let lost_under_body = guard.is_lost();
+        // (Under `OnLost::Abort` the body's end was checked above.)
+        let lost_under_body = on_lost == OnLost::Continue && guard.is_lost();
         if lost_under_body {
             grant.mark_lost(LEASE_RAN_OUT);
         }
