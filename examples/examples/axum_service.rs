@@ -106,16 +106,6 @@ async fn send_post(address: std::net::SocketAddr, path: &str) -> std::io::Result
     Ok((status, retry_after))
 }
 
-/// The body of `GET path`.
-async fn get_body(address: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(address).await?;
-    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: demo\r\nConnection: close\r\n\r\n").as_bytes()).await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    Ok(response.split_once("\r\n\r\n").map_or(String::new(), |(_, body)| body.to_owned()))
-}
-
 /// Serves on a free port and sends two requests for one report, the second while the first builds it.
 async fn two_requests(client: Client) -> Result<[(u16, Option<String>); 2], Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -162,6 +152,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The body of `GET path`.
+    async fn get_body(address: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(address).await?;
+        stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: demo\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await?;
+        Ok(response.split_once("\r\n\r\n").map_or(String::new(), |(_, body)| body.to_owned()))
+    }
 
     /// Two requests for one report at once through `axum::serve`: one builds it, the other gets 409 with a
     /// Retry-After; afterwards the report can be built again. No client is installed: the layer's is used.
