@@ -138,7 +138,8 @@ pub enum OnLost {
 /// *nested*: it succeeds at once with the outer grant, whatever the key's state on the server. None of its
 /// own settings apply — not its `ttl`, `wait`, `retry`, `metadata`, `min_hold`, `max_hold` nor `on_lost`:
 /// the outer request's govern the one hold. Its guard neither renews nor releases;
-/// [`release`](LockGuard::release) reports [`ReleaseOutcome::Nested`](crate::ReleaseOutcome::Nested), and a nested `run` just runs its body.
+/// [`release`](LockGuard::release) reports [`ReleaseOutcome::Nested`](crate::ReleaseOutcome::Nested), and a
+/// nested `run` just runs its body.
 #[derive(Debug, Clone)]
 #[must_use = "a lock request does nothing until acquired or run"]
 pub struct LockRequest {
