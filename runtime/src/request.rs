@@ -267,11 +267,7 @@ impl LockRequest {
     /// the guard's later life is not part of it.
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         let span = observe::lock_span(&self.key, None);
-        let result = if span.is_disabled() {
-            self.acquire_in(&span).await
-        } else {
-            self.acquire_in(&span).instrument(span.clone()).await
-        };
+        let result = self.acquire_in(&span).instrument(span.clone()).await;
         observe::record_outcome(&span, result.as_ref().map(|_| false));
         result
     }
@@ -351,37 +347,39 @@ impl LockRequest {
         self.run_in(span, body).await
     }
 
-    /// [`run`](Self::run) in `span` (the attribute's, which names its function).
+    /// [`run`](Self::run) in `span` (the attribute's, which names its function). The span is entered around
+    /// the acquisition, the body and the release, not as one more future around all of them: in debug builds
+    /// every layer of future around a lock body costs stack in each nested lock body.
     pub(crate) async fn run_in<F: Future>(self, span: Span, body: F) -> Result<F::Output, LockError> {
-        // Not even entered when nobody listens: a lock cycle then costs what it did before spans.
-        let result = if span.is_disabled() {
-            self.run_body(&span, body).await
-        } else {
-            self.run_body(&span, body).instrument(span.clone()).await
-        };
-        observe::record_outcome(&span, result.as_ref().map(|&(_, lost)| lost));
-        result.map(|(output, _)| output)
-    }
-
-    /// What `run` does; the output, and whether the lock was lost under a body that `OnLost::Continue` let
-    /// finish.
-    async fn run_body<F: Future>(self, span: &Span, body: F) -> Result<(F::Output, bool), LockError> {
         let on_lost = self.on_lost;
-        let guard = self.acquire_in(span).await?;
+        // Boxed, as the body is below: the acquisition is most of a lock body's future, and nested lock bodies
+        // would otherwise carry it in each level's frames (a debug build's test of three nested `run`s
+        // overflowed its 2 MiB stack with the span's fields added). One allocation per cycle.
+        let guard = match Box::pin(self.acquire_in(&span).instrument(span.clone())).await {
+            Ok(guard) => guard,
+            Err(e) => {
+                observe::record_outcome(&span, Err(&e));
+                return Err(e);
+            }
+        };
         let grant = Arc::clone(guard.grant());
         if guard.is_nested() {
-            // Nested: the outer body's lock, watched by the outer `run`.
-            return Ok((body.await, false));
+            // Nested: the outer body's lock, watched by the outer `run`. Its body runs in the outer body's span
+            // (not wrapped again: a body-sized temporary in every nested lock body's frame in debug builds).
+            let output = body.await;
+            observe::record_outcome(&span, Ok(false));
+            return Ok(output);
         }
         // A loss seen here may be the clock's alone (the lease ran out before the renewer noticed): marked, so
         // that it is reported and counted once, like one the renewer found.
         let lost = || {
             grant.mark_lost(LEASE_RAN_OUT);
+            observe::record_outcome(&span, Ok(true));
             LockError::Lost { key: grant.keys.name.clone() }
         };
         // Boxed: nested lock bodies (an annotated fn calling another) would otherwise each copy the whole body
         // future into their poll frames, which in debug builds overflows a thread's stack after a few levels.
-        let mut body = Box::pin(held::scope(Arc::clone(&grant), body));
+        let mut body = Box::pin(held::scope(Arc::clone(&grant), body).instrument(span.clone()));
         let output = match on_lost {
             OnLost::Abort => {
                 tokio::select! {
@@ -406,10 +404,12 @@ impl LockRequest {
         }
         // The body's output is never thrown away over a failed release: the lease frees the lock anyway. (A
         // release that found the lock no longer ours is reported by the release itself.)
-        if let Err(e) = guard.release().await {
+        if let Err(e) = guard.release().instrument(span.clone()).await {
+            let _entered = span.enter();
             tracing::warn!(key = %grant.keys.name, error = %e, "distlock: release failed; the lock frees when its lease runs out");
         }
-        Ok((output, lost_under_body))
+        observe::record_outcome(&span, Ok(lost_under_body));
+        Ok(output)
     }
 
     /// [`run`](LockRequest::run) for a body that returns a `Result` whose error converts from [`LockError`],
