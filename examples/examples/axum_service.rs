@@ -17,16 +17,21 @@
 //! down gives `503`, a lock lost mid-build `500`. The client reaches the handler through
 //! `distlock::tower::ClientLayer`: `axum::serve` runs each connection in a task of its own, where a
 //! `with_client` scope would not reach, so the test below can give the service its own client.
+//!
+//! `GET /metrics` shows distlock's metrics (feature `metrics`) in the Prometheus text format, through
+//! `metrics-exporter-prometheus`'s recorder: `curl http://127.0.0.1:3000/metrics`.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use axum::extract::Path;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::Router;
 use distlock::tower::ClientLayer;
 use distlock::{distributed_lock, Client, LockError};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 /// What the handler can fail with, as HTTP.
 #[derive(Debug)]
@@ -77,9 +82,19 @@ async fn post_report(Path(id): Path<u64>) -> Result<String, AppError> {
     build_report(id).await
 }
 
+/// The process's metrics recorder (the first call installs it), which `/metrics` renders.
+fn metrics() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| PrometheusBuilder::new().install_recorder().expect("no other metrics recorder")).clone()
+}
+
 /// The service, with `client` in scope for every request.
 fn app(client: Client) -> Router {
-    Router::new().route("/reports/{id}", post(post_report)).layer(ClientLayer::new(client))
+    let metrics = metrics();
+    Router::new()
+        .route("/reports/{id}", post(post_report))
+        .route("/metrics", get(move || std::future::ready(metrics.render())))
+        .layer(ClientLayer::new(client))
 }
 
 /// Sends `POST path` over a plain HTTP/1.1 connection; the status code and the `Retry-After` header, if any.
@@ -178,6 +193,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 mod tests {
     use super::*;
 
+    /// The body of `GET path`.
+    async fn get_body(address: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(address).await?;
+        stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: demo\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await?;
+        Ok(response.split_once("\r\n\r\n").map_or(String::new(), |(_, body)| body.to_owned()))
+    }
+
     /// Two requests for one report at once through `axum::serve`: one builds it, the other gets 409 with a
     /// Retry-After; afterwards the report can be built again. No client is installed: the layer's is used.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,6 +219,11 @@ mod tests {
         tokio::spawn(std::future::IntoFuture::into_future(axum::serve(listener, app(client))));
         assert_eq!(send_post(address, "/reports/7").await.expect("third").0, 200);
         assert_eq!(send_post(address, "/reports/8").await.expect("another").0, 200);
+        // The lock's metrics: three grants and the refused request, in the Prometheus text format.
+        let metrics = get_body(address, "/metrics").await.expect("GET /metrics");
+        assert!(metrics.contains(r#"distlock_acquire_total{outcome="acquired"} 3"#), "{metrics}");
+        assert!(metrics.contains(r#"distlock_acquire_total{outcome="not_obtained"} 1"#), "{metrics}");
+        assert!(metrics.contains("distlock_hold_seconds"), "{metrics}");
     }
 
     /// Stopping `serve` (as Ctrl-C or SIGTERM would) while a report is being built: that request still gets

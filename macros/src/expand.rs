@@ -5,7 +5,7 @@
 //!     #![inner attrs]
 //!     let key = { let mut buf = path::TemplateBuf::key(); buf.push_literal("report:"); buf.push_value(&id); buf.finish() };
 //!     let metadata = { let mut buf = path::TemplateBuf::text(); buf.push_literal(concat!(module_path!(), "::name")); buf.finish() };
-//!     static SPEC: path::LockSpec = path::LockSpec { ttl: Duration::from_millis(30000), .. };
+//!     static SPEC: path::LockSpec = path::LockSpec { function: concat!(module_path!(), "::name"), ttl: .., .. };
 //!     path::run_locked(&SPEC, key, metadata, async move {  // spanned on `R`: `R: LockedReturn` is checked here
 //!         if false { let fake: R = loop {}; return fake; }   // pins the block's output type to `R`
 //!         original body statements
@@ -126,16 +126,15 @@ fn generate(function: &ItemFn, args: &Args) -> syn::Result<TokenStream> {
     };
     let metadata_var = Ident::new("__distlock_metadata", Span::mixed_site());
     let text = quote!(#private::TemplateBuf::text());
+    let name = syn::ext::IdentExt::unraw(&sig.ident).to_string();
+    // The function's path: the default metadata, and the `function` field of the lock's span.
+    let function_path = quote!(::core::concat!(::core::module_path!(), "::", #name));
     let render_metadata = match &args.metadata {
         Some(metadata) => render(metadata, &text)?,
-        None => {
-            let name = syn::ext::IdentExt::unraw(&sig.ident).to_string();
-            let path = quote!(::core::concat!(::core::module_path!(), "::", #name));
-            render_pushes(&text, vec![Push::Literal(path)])
-        }
+        None => render_pushes(&text, vec![Push::Literal(function_path.clone())]),
     };
     let spec_var = Ident::new("__DISTLOCK_SPEC", Span::mixed_site());
-    let spec = lock_spec(args, &private);
+    let spec = lock_spec(args, &private, &function_path);
     let fake = Ident::new("__distlock_fake_return", Span::mixed_site());
     // The statements, not the block: `async move { edge; { expr } }` would trip the `unused_braces` lint.
     let body = &block.stmts;
@@ -251,7 +250,7 @@ fn placeholder_expr(placeholder: &Placeholder, span: Span) -> syn::Result<TokenS
 }
 
 /// The `LockSpec { .. }` constant expression.
-fn lock_spec(args: &Args, private: &TokenStream) -> TokenStream {
+fn lock_spec(args: &Args, private: &TokenStream, function: &TokenStream) -> TokenStream {
     let millis = |ms: u64| {
         let ms = Literal::u64_suffixed(ms);
         quote!(#private::Duration::from_millis(#ms))
@@ -281,6 +280,7 @@ fn lock_spec(args: &Args, private: &TokenStream) -> TokenStream {
     };
     quote! {
         #private::LockSpec {
+            function: #function,
             ttl: #ttl,
             wait: #wait,
             retry: #retry,
@@ -333,10 +333,11 @@ mod tests {
         let mut errors = Errors::default();
         let args = parse_args(args, &mut errors);
         assert!(errors.is_empty(), "{:?}", errors.take());
-        lock_spec(&args, &quote!(p)).to_string().replace(' ', "")
+        lock_spec(&args, &quote!(p), &quote!("m::f")).to_string().replace(' ', "")
     }
 
-    /// Each `retry` form names the runtime's variant with every field; the hold limits are passed as given.
+    /// Each `retry` form names the runtime's variant with every field; the hold limits and the function's path are
+    /// passed as given.
     #[test]
     fn retry_and_hold_limits_reach_the_spec() {
         let some = |inner: &str| format!("::core::option::Option::Some({inner})");
@@ -353,6 +354,7 @@ mod tests {
             assert!(spec.contains("max_hold:::core::option::Option::None,"), "{spec}");
         }
         let spec = spec(quote!(key = "k", min_hold = "2s", max_hold = "1m"));
+        assert!(spec.contains("function:\"m::f\","), "the function's path reaches the span: {spec}");
         assert!(spec.contains("retry:::core::option::Option::None,"), "{spec}");
         assert!(spec.contains(&format!("min_hold:{},", some(&ms(2000)))), "{spec}");
         assert!(spec.contains(&format!("max_hold:{},", some(&ms(60_000)))), "{spec}");

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use crate::backend::{Announcement, Attempt, Hold, LockKeys, Queueing, Store, WakeUps};
 use crate::grant::{Grant, Lease};
 use crate::hooks::{reverted, Fix};
+use crate::observe;
 use crate::shutdown::Activity;
 use crate::{held, Client, LockError, LockGuard, LockRequest, LockToken, RetryStrategy};
 
@@ -140,6 +141,10 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
     let deadline = started.checked_add(wait).unwrap_or(started + FOREVER);
     let mut releases = None;
     let mut waiting = false;
+    // Held while waiting, for the `distlock_waiting` gauge (feature `metrics`).
+    let mut _waiting_gauge = None;
+    // An announcement handed the lock to this waiter, and the next attempt claims it.
+    let mut claiming = false;
     let mut last_busy: Option<BusyAttempt> = None;
     let mut retries = 0;
     loop {
@@ -167,6 +172,9 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
             Attempt::Granted(hold) => {
                 let lease = Lease::granted(request.ttl, sent, reported(request, hold));
                 if !lease.is_lost() {
+                    if claiming {
+                        handed_over(&pending.keys, hold.fence, started, "claimed");
+                    }
                     return Ok(grant(request, pending, hold.fence, lease));
                 }
                 // The reply came too late to use (this task stalled while it was on its way), yet the server
@@ -188,6 +196,7 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
         }
         if !waiting {
             waiting = true;
+            _waiting_gauge = Some(observe::Waiting::start());
             if capabilities.wake_ups == WakeUps::Exact {
                 releases = Some(backend.watch_releases(&pending.keys, &pending.token).await?);
             }
@@ -224,8 +233,10 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
         // With replica acknowledgement a hand-over is always claimed, as the claim's write must be acknowledged.
         let fresh = handed.filter(|_| !capabilities.replica_acks).and_then(|h| announced(request, last_busy, h));
         if let Some((fence, lease)) = fresh.filter(|(_, lease)| !lease.is_lost()) {
+            handed_over(&pending.keys, fence, started, "announced");
             return Ok(grant(request, pending, fence, lease));
         }
+        claiming = handed.is_some();
         // Otherwise the next attempt, sent now, claims a live hand-over with a lease dated from its own send, or
         // finds the lock busy and keeps this waiter's place.
     }
@@ -242,6 +253,7 @@ async fn give_up(request: &LockRequest, mut pending: Pending, started: Instant) 
             let lease = Lease::granted(request.ttl, sent, reported(request, hold));
             // With replica acknowledgement, nobody waited for the hand-over's write: it cannot count.
             if !lease.is_lost() && !backend.capabilities().replica_acks {
+                handed_over(&pending.keys, hold.fence, started, "withdrawing");
                 return Ok(grant(request, pending, hold.fence, lease));
             }
             return give_back(request, pending, started).await;
@@ -270,6 +282,18 @@ async fn give_back(request: &LockRequest, mut pending: Pending, started: Instant
     let key = pending.keys.name.clone();
     drop(pending);
     Err(LockError::NotObtained { key, waited: started.elapsed(), holder: None })
+}
+
+/// The DEBUG event of a waiter handed the lock by a release: `how` it learnt of it (`announced`: heard it;
+/// `claimed`: its attempt after the announcement claimed it; `withdrawing`: it came as the wait ran out).
+fn handed_over(keys: &LockKeys, fence: u64, started: Instant, how: &'static str) {
+    tracing::debug!(
+        key = %keys.name,
+        fencing_token = fence,
+        waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        how,
+        "distlock: a waiter was handed the lock"
+    );
 }
 
 fn grant(request: &LockRequest, pending: Pending, fence: u64, lease: Lease) -> Grant {

@@ -169,7 +169,9 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
-        self.inner.backend.force_unlock(&self.keys(key)).await
+        let deleted = self.inner.backend.force_unlock(&self.keys(key)).await?;
+        tracing::info!(key, deleted, "distlock: force unlock");
+        Ok(deleted)
     }
 
     /// The backend key of the lock record for `key`: `<prefix>{<key>}`, with `%`, `{` and `}` in the key

@@ -112,6 +112,7 @@ impl Grant {
         activity: Option<Activity>,
     ) -> Self {
         let id = client.inner.shutdown.next_grant_id();
+        crate::observe::grant_started();
         Self {
             id,
             activity: Mutex::new(activity),
@@ -202,17 +203,20 @@ impl Grant {
     }
 
     fn lose(&self, why: &str, gone: bool) {
-        let mut newly = false;
-        self.update_lease(|l| {
-            newly = !l.lost;
-            let changed = newly || (gone && !l.gone);
-            l.lost = true;
-            l.gone |= gone;
-            l.valid_until = l.valid_until.min(Instant::now());
-            changed
-        });
+        let mut lease = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
+        let newly = !lease.lost;
+        let changed = newly || (gone && !lease.gone);
+        lease.lost = true;
+        lease.gone |= gone;
+        lease.valid_until = lease.valid_until.min(Instant::now());
+        drop(lease);
+        // Reported before anyone waiting on `lost()` is woken, so that whoever sees the loss finds it reported.
         if newly && !self.is_finished() {
-            tracing::warn!(key = %self.keys.name, token = %self.token, "distlock: lock lost: {why}");
+            crate::observe::lost();
+            tracing::warn!(key = %self.keys.name, token = %self.token, why, "distlock: lock lost: {why}");
+        }
+        if changed {
+            self.lease_changed.notify_waiters();
         }
         if gone {
             self.settle();
@@ -256,7 +260,11 @@ impl Grant {
     /// Finishes the grant: no renewal starts from now on. Returns whether one is in flight.
     fn finish(&self) -> bool {
         // State first: a schedule racing with this either sees FINISHED or is undone by the cancel.
-        let in_flight = self.state.fetch_or(FINISHED, Ordering::AcqRel) & RENEWING != 0;
+        let before = self.state.fetch_or(FINISHED, Ordering::AcqRel);
+        if before & FINISHED == 0 {
+            crate::observe::grant_ended(self.acquired_at);
+        }
+        let in_flight = before & RENEWING != 0;
         self.client.inner.renewer.cancel(self);
         // A finished grant reads as lost, its deadline now at the latest; a renewal still in flight cannot
         // move it (renewals apply only to leases not lost). (A simulation may revert this fix to show that
@@ -313,11 +321,16 @@ impl Grant {
                 done.await;
             }
         }
-        if self.lease().gone || (reverted(Fix::ReleaseLostByClock) && self.lease().is_lost()) {
-            return Ok(ReleaseOutcome::Expired);
+        let outcome = if self.lease().gone || (reverted(Fix::ReleaseLostByClock) && self.lease().is_lost()) {
+            Ok(ReleaseOutcome::Expired)
+        } else {
+            let keep = self.keep_after_release();
+            self.client.inner.backend.release(&self.keys, &self.token, keep).await
+        };
+        if let Ok(outcome @ (ReleaseOutcome::Expired | ReleaseOutcome::TakenByOther)) = outcome {
+            tracing::warn!(key = %self.keys.name, ?outcome, "distlock: released a lock that was no longer held");
         }
-        let keep = self.keep_after_release();
-        self.client.inner.backend.release(&self.keys, &self.token, keep).await
+        outcome
     }
 
     /// Sets the lease to `ttl` from now (see [`LockGuard::extend`](crate::LockGuard::extend)).
@@ -394,6 +407,11 @@ impl Grant {
 impl Drop for Grant {
     fn drop(&mut self) {
         self.client.inner.shutdown.unregister(self.id);
+        // A grant that was never finished (its guard's background release never ran: the runtime shut down)
+        // still ends here, once, for the held gauge.
+        if !self.is_finished() {
+            crate::observe::grant_ended(self.acquired_at);
+        }
     }
 }
 

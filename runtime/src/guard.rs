@@ -131,6 +131,14 @@ impl LockGuard {
         !self.released
     }
 
+    /// Marks lost every key whose lease ran out by the clock alone (the renewer had not noticed yet), so that
+    /// the loss is reported and counted once, as one the renewer found.
+    pub(crate) fn mark_lost_by_clock(&self, why: &str) {
+        for part in self.parts.iter().filter(|p| !p.nested && p.grant.is_lost()) {
+            part.grant.mark_lost(why);
+        }
+    }
+
     /// The first key known lost, if any.
     pub(crate) fn lost_key(&self) -> Option<&str> {
         self.parts.iter().find(|p| p.grant.is_lost()).map(|p| p.grant.keys.name.as_str())

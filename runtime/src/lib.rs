@@ -84,6 +84,60 @@
 //! Not guaranteed: mutual exclusion across process pauses longer than the lease without fencing (pass
 //! [`LockGuard::fencing_token`] to the storage and have it reject older tokens), across failover with
 //! asynchronous replication, or across server restarts without persistence; nor under server clock jumps.
+//!
+//! ## Observability
+//!
+//! **Tracing** (always on; with no subscriber interested, a lock cycle costs what it did without it). Every
+//! lock body gets a span named `lock`, target `distlock`, level DEBUG, with the fields `key`, `function` (the
+//! annotated function's path, `module::name`; the attribute only), `fencing_token` and `waited_ms` (once
+//! granted; `waited_ms` also when refused) and `outcome`: `held`, `not_obtained`, `lost` (also when
+//! [`OnLost::Continue`] let the body finish) or `error`. It is a child of the span current when the lock body
+//! starts (for the attribute, the caller's), so a request's trace shows its lock:
+//!
+//! - [`LockRequest::run`], [`LockRequest::try_run`] and the attribute: the span is entered for the whole
+//!   future, the wait and the body; the body's own spans and events are its children.
+//! - [`LockRequest::acquire`] and [`LockRequest::try_acquire`]: the span covers the acquisition only, from the
+//!   call until it returns; the guard's hold and release are not in it.
+//!
+//! Events: a lock lost (WARN, target `distlock::grant`, with `key`, `why` and the token redacted), a renewal
+//! failed and retried (DEBUG, `distlock::renewer`), a release that found the lock no longer held (WARN, with
+//! the [`ReleaseOutcome`]), [`Client::force_unlock`] (INFO), a waiter handed the lock by a release (DEBUG,
+//! with its fencing token and `how` it learnt of it). Tokens are never printed whole, only their first 8
+//! characters. `RUST_LOG=distlock=debug` (with `tracing-subscriber`'s `EnvFilter`) shows all of them.
+//!
+//! ```
+//! use tracing::Instrument;
+//!
+//! #[distlock::distributed_lock(key = "report:<id>")]
+//! async fn build_report(id: u64) -> Result<String, distlock::LockError> {
+//!     tracing::info!("building"); // an event inside the `lock` span
+//!     Ok(format!("report {id}"))
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+//! # let client = distlock::Client::builder().memory().build().await?;
+//! // The `lock` span of `build_report` is a child of `request`.
+//! let report = distlock::with_client(client, build_report(42))
+//!     .instrument(tracing::info_span!("request", id = 42))
+//!     .await?;
+//! assert_eq!(report, "report 42");
+//! # Ok(()) }
+//! ```
+//!
+//! **Metrics** (feature `metrics`, through the [`metrics`](https://docs.rs/metrics) facade: install any
+//! recorder, e.g. `metrics-exporter-prometheus`; `examples/axum_service.rs` serves them on `/metrics`). Label
+//! values come from small fixed sets, never from a key:
+//!
+//! | metric | type | labels | what |
+//! |---|---|---|---|
+//! | `distlock_acquire_total` | counter | `outcome`: `acquired`, `not_obtained`, `error` | acquisitions (nested ones ask the store nothing and are not counted) |
+//! | `distlock_lost_total` | counter | — | grants found lost, once each |
+//! | `distlock_renewals_total` | counter | `result`: `renewed`, `lost`, `failed` | the watchdog's renewals (`failed`: an error, retried) |
+//! | `distlock_wait_seconds` | histogram | — | from the request to its grant or refusal |
+//! | `distlock_hold_seconds` | histogram | — | from the grant to its release (or drop) |
+//! | `distlock_backend_call_seconds` | histogram | `op`: `acquire`, `withdraw`, `renew`, `renew_many`, `release`, `remaining`, `info`, `force_unlock`, `watch_releases` | each call to the store |
+//! | `distlock_held` | gauge | — | grants of this process not yet released or dropped |
+//! | `distlock_waiting` | gauge | — | requests of this process waiting for a busy lock |
 
 #![warn(missing_docs, unreachable_pub)]
 
@@ -101,6 +155,7 @@ mod guard;
 mod held;
 mod hooks;
 mod listing;
+mod observe;
 mod request;
 mod token;
 #[cfg(feature = "tower")]

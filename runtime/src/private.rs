@@ -11,6 +11,8 @@ pub use crate::{LockError, OnLost, RetryStrategy};
 /// The settings of one annotated function, built by the macro in a `static`.
 #[derive(Debug)]
 pub struct LockSpec {
+    /// The annotated function's path, `module_path!()::name`: the `function` field of its `lock` span.
+    pub function: &'static str,
     /// Lease length.
     pub ttl: Duration,
     /// How long to wait while busy.
@@ -98,11 +100,13 @@ where
     R: LockedReturn,
     F: Future<Output = R>,
 {
-    run(spec, |client| client.lock(key), metadata, body).await
+    // Created here, on the first poll, so that it is a child of the caller's current span.
+    let span = crate::observe::lock_span(&key, Some(spec.function));
+    run(spec, span, |client| client.lock(key), metadata, body).await
 }
 
 /// [`run_locked`] for `keys = [..]`: takes every rendered key together (`Client::lock_all`, which merges keys
-/// that rendered alike).
+/// that rendered alike). The span's `key` lists them.
 pub async fn run_locked_all<R, F, const N: usize>(
     spec: &'static LockSpec,
     keys: [String; N],
@@ -113,11 +117,13 @@ where
     R: LockedReturn,
     F: Future<Output = R>,
 {
-    run(spec, |client| client.lock_all(keys), metadata, body).await
+    let span = crate::observe::lock_span(&keys.join(", "), Some(spec.function));
+    run(spec, span, |client| client.lock_all(keys), metadata, body).await
 }
 
 async fn run<R, F>(
     spec: &'static LockSpec,
+    span: tracing::Span,
     request: impl FnOnce(&crate::Client) -> crate::LockRequest,
     metadata: String,
     body: F,
@@ -128,7 +134,10 @@ where
 {
     let client = match crate::current_client() {
         Ok(client) => client,
-        Err(e) => return R::from_result(Err(e.into())),
+        Err(e) => {
+            crate::observe::record_outcome(&span, Err(&e));
+            return R::from_result(Err(e.into()));
+        }
     };
     let mut request = request(&client).ttl(spec.ttl).wait(spec.wait).metadata(metadata).on_lost(spec.on_lost);
     if let Some(retry) = spec.retry {
@@ -140,7 +149,8 @@ where
     if let Some(max) = spec.max_hold {
         request = request.max_hold(max);
     }
-    R::from_result(request.try_run(async { body.await.into_result() }).await)
+    let outcome = request.run_in(span, async { body.await.into_result() }).await;
+    R::from_result(outcome.unwrap_or_else(|e| Err(e.into())))
 }
 
 /// The return types an annotated function may have: a `Result` whose error converts from [`LockError`].

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::backend::{Renewal, Store};
 use crate::grant::{Grant, Lease, QueueKey};
+use crate::observe;
 
 /// Schedules renewals for the grants of one client.
 #[derive(Debug, Default)]
@@ -183,9 +184,15 @@ async fn renew_batch(grants: Vec<Arc<Grant>>, renewer: Weak<Shared>) {
         };
         let next = if arrived >= lease.valid_until {
             // Too late to count: a lock seen lost never comes back.
+            observe::renewal("lost");
             grant.mark_lost("no renewal succeeded before the lease ran out");
             None
         } else {
+            observe::renewal(match renewed {
+                Ok(true) => "renewed",
+                Ok(false) => "lost",
+                Err(_) => "failed",
+            });
             match renewed {
                 Ok(true) => {
                     let renewed = Lease::granted(lease.ttl, sent, lease.ttl);

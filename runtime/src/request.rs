@@ -3,13 +3,18 @@
 use std::future::Future;
 use std::time::Duration;
 
+use tokio::time::Instant;
+use tracing::{Instrument, Span};
+
 use crate::grant::HoldLimits;
-use crate::{held, Client, LockError, LockGuard, ReleaseOutcome};
+use crate::{held, observe, Client, LockError, LockGuard};
 
 /// The shortest lease accepted: below it, one slow round trip would eat the whole lease.
 const MIN_TTL: Duration = Duration::from_millis(100);
 /// The longest lease accepted: far inside what Redis's PEXPIRE can represent.
 const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 4);
+/// Why a lock body's lock was lost when the clock alone says so (nothing marked it lost before).
+const LEASE_RAN_OUT: &str = "the lease ran out before a renewal succeeded";
 /// Keys longer than this are almost surely a bug (a whole document rendered into a key).
 const MAX_KEY_BYTES: usize = 1024;
 
@@ -133,10 +138,10 @@ pub enum OnLost {
 /// *nested*: it succeeds at once with the outer grant, whatever the key's state on the server. None of its
 /// own settings apply — not its `ttl`, `wait`, `retry`, `metadata`, `min_hold`, `max_hold` nor `on_lost`:
 /// the outer request's govern the one hold. Its guard neither renews nor releases;
-/// [`release`](LockGuard::release) reports [`ReleaseOutcome::Nested`], and a nested `run` just runs its body.
-/// A request of several keys of which the body holds only some takes the others (with its own settings) and
-/// leaves the held ones to the outer body; it then waits for those keys while holding the outer body's,
-/// outside the one sorted order that keeps waiting for keys deadlock-free.
+/// [`release`](LockGuard::release) reports [`ReleaseOutcome::Nested`](crate::ReleaseOutcome::Nested), and a
+/// nested `run` just runs its body. A request of several keys of which the body holds only some takes the
+/// others (with its own settings) and leaves the held ones to the outer body; it then waits for those keys
+/// while holding the outer body's, outside the one sorted order that keeps waiting for keys deadlock-free.
 #[derive(Debug, Clone)]
 #[must_use = "a lock request does nothing until acquired or run"]
 pub struct LockRequest {
@@ -273,14 +278,63 @@ impl LockRequest {
     ///
     /// Fails with [`LockError::ShuttingDown`] once the client's [`shutdown`](Client::shutdown) has started,
     /// also while waiting (the request then leaves the queue).
+    ///
+    /// Traced as a `lock` span (see [Observability](crate#observability)) that covers the acquisition only:
+    /// it opens with this call and closes when it returns, with the outcome `held`, `not_obtained` or `error`;
+    /// the guard's later life is not part of it.
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
-        self.check()?;
-        let client = self.client.clone();
-        // A request for keys the running lock body holds asks the server for nothing: nested, it is granted
-        // also while the client shuts down.
-        if self.keys.iter().all(|key| held::find(&client, key).is_some()) {
-            return crate::acquire::acquire_all(self).await;
+        let span = self.span();
+        let result = self.acquire_in(&span).instrument(span.clone()).await;
+        observe::record_outcome(&span, result.as_ref().map(|_| false));
+        result
+    }
+
+    /// The request's `lock` span, named after its key (its keys, for several).
+    fn span(&self) -> Span {
+        match self.keys.as_slice() {
+            [key] => observe::lock_span(key, None),
+            keys => observe::lock_span(&keys.join(", "), None),
         }
+    }
+
+    /// The acquisition of [`acquire`](Self::acquire) and [`run`](Self::run): records the grant's fencing token
+    /// and the time to the answer in `span`, and counts it (nested requests ask the store nothing and are not
+    /// counted).
+    async fn acquire_in(self, span: &Span) -> Result<LockGuard, LockError> {
+        let started = observe::wants_timing(span).then(Instant::now);
+        let result = match self.check() {
+            Ok(()) => {
+                // A request for keys the running lock body holds asks the server for nothing: nested, it is
+                // granted also while the client shuts down.
+                if self.keys.iter().all(|key| held::find(&self.client, key).is_some()) {
+                    let nested = crate::acquire::acquire_all(self).await;
+                    if let Ok(guard) = &nested {
+                        span.record("fencing_token", guard.fencing_token());
+                        span.record("waited_ms", 0);
+                    }
+                    return nested;
+                }
+                self.acquire_unless_shutting_down().await
+            }
+            Err(e) => Err(e),
+        };
+        let waited = started.map(|started| started.elapsed());
+        // Even a disabled span looks its fields up by name when recording: skipped when nobody listens.
+        if !span.is_disabled() {
+            if let Some(waited) = waited.filter(|_| matches!(result, Ok(_) | Err(LockError::NotObtained { .. }))) {
+                span.record("waited_ms", u64::try_from(waited.as_millis()).unwrap_or(u64::MAX));
+            }
+            if let Ok(guard) = &result {
+                span.record("fencing_token", guard.fencing_token());
+            }
+        }
+        observe::acquired(&result, waited);
+        result
+    }
+
+    /// Takes the keys from the store, unless the client's shutdown has started or starts meanwhile.
+    async fn acquire_unless_shutting_down(self) -> Result<LockGuard, LockError> {
+        let client = self.client.clone();
         let shutdown = &client.inner.shutdown;
         if shutdown.is_started() {
             return Err(LockError::ShuttingDown);
@@ -337,23 +391,52 @@ impl LockRequest {
     /// assert_eq!(inner, "nested");
     /// # Ok(()) }
     /// ```
+    ///
+    /// Traced as a `lock` span (see [Observability](crate#observability)) entered for the whole future: the
+    /// wait and the body, whose own spans and events are its children.
     pub async fn run<F: Future>(self, body: F) -> Result<F::Output, LockError> {
+        let span = self.span();
+        self.run_in(span, body).await
+    }
+
+    /// [`run`](Self::run) in `span` (the attribute's, which names its function). The span is entered around
+    /// the acquisition, the body and the release, not as one more future around all of them: in debug builds
+    /// every layer of future around a lock body costs stack in each nested lock body.
+    pub(crate) async fn run_in<F: Future>(self, span: Span, body: F) -> Result<F::Output, LockError> {
         // Declared first, so dropped last: the client's shutdown waits until the body is gone.
         let _running = self.client.inner.shutdown.activity();
         let on_lost = self.on_lost;
-        let guard = self.acquire().await?;
+        // Boxed, as the body is below: the acquisition is most of a lock body's future, and nested lock bodies
+        // would otherwise carry it in each level's frames (a debug build's test of three nested `run`s
+        // overflowed its 2 MiB stack with the span's fields added). One allocation per cycle.
+        let guard = match Box::pin(self.acquire_in(&span).instrument(span.clone())).await {
+            Ok(guard) => guard,
+            Err(e) => {
+                observe::record_outcome(&span, Err(&e));
+                return Err(e);
+            }
+        };
         if guard.is_nested() {
-            // Nested: the outer body's lock, watched by the outer `run`.
-            return Ok(body.await);
+            // Nested: the outer body's lock, watched by the outer `run`. Its body runs in the outer body's span
+            // (not wrapped again: a body-sized temporary in every nested lock body's frame in debug builds).
+            let output = body.await;
+            observe::record_outcome(&span, Ok(false));
+            return Ok(output);
         }
-        let lost = |guard: &LockGuard| LockError::Lost { key: guard.lost_key().unwrap_or(guard.key()).to_owned() };
+        // A loss seen here may be the clock's alone (the lease ran out before the renewer noticed): marked, so
+        // that it is reported and counted once, like one the renewer found.
+        let lost = |guard: &LockGuard| {
+            guard.mark_lost_by_clock(LEASE_RAN_OUT);
+            observe::record_outcome(&span, Ok(true));
+            LockError::Lost { key: guard.lost_key().unwrap_or(guard.key()).to_owned() }
+        };
         if guard.is_lost() {
             // Lost before the body's first poll (e.g. a shutdown's grace ended): the body never starts.
             return Err(lost(&guard));
         }
         // Boxed: nested lock bodies (an annotated fn calling another) would otherwise each copy the whole body
         // future into their poll frames, which in debug builds overflows a thread's stack after a few levels.
-        let mut body = Box::pin(held::scope(guard.grants(), body));
+        let mut body = Box::pin(held::scope(guard.grants(), body).instrument(span.clone()));
         let output = match on_lost {
             OnLost::Abort => {
                 tokio::select! {
@@ -371,17 +454,19 @@ impl LockRequest {
             }
             OnLost::Continue => body.await,
         };
-        // The body's output is never thrown away over a failed release: the lease frees the lock anyway.
-        let key = guard.key().to_owned();
-        match guard.release().await {
-            Ok(ReleaseOutcome::Released) => {}
-            Ok(outcome) => {
-                tracing::warn!(%key, ?outcome, "distlock: the lock was no longer held when the body finished");
-            }
-            Err(e) => {
-                tracing::warn!(%key, error = %e, "distlock: release failed; the lock frees when its lease runs out");
-            }
+        // (Under `OnLost::Abort` the body's end was checked above.)
+        let lost_under_body = on_lost == OnLost::Continue && guard.is_lost();
+        if lost_under_body {
+            guard.mark_lost_by_clock(LEASE_RAN_OUT);
         }
+        // The body's output is never thrown away over a failed release: the lease frees the lock anyway. (A
+        // release that found the lock no longer ours is reported by the release itself.)
+        let key = guard.key().to_owned();
+        if let Err(e) = guard.release().instrument(span.clone()).await {
+            let _entered = span.enter();
+            tracing::warn!(%key, error = %e, "distlock: release failed; the lock frees when its lease runs out");
+        }
+        observe::record_outcome(&span, Ok(lost_under_body));
         Ok(output)
     }
 

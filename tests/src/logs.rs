@@ -1,15 +1,21 @@
-//! Captures what distlock logs through `tracing` (warnings, debug notes), so a test can assert on them.
+//! Captures what distlock reports through `tracing` — events (warnings, debug notes) and spans, with their
+//! fields and parents — so a test can assert on them.
 //!
-//! [`capture`] installs, once per test binary, a global subscriber that keeps every event at DEBUG or above
-//! in memory. Tests running in parallel share it: filter by something unique to the test (its server's
-//! port, its lock key).
+//! [`capture`] installs, once per test binary, a global subscriber (tracing-subscriber's registry with a
+//! capturing layer) that keeps every event and span at DEBUG or above in memory. Tests running in parallel
+//! share it: filter by something unique to the test (its server's port, its lock key).
 
+use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Level, Metadata, Subscriber};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::Layer;
 
 /// One captured event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,6 +26,10 @@ pub struct LogLine {
     pub target: String,
     /// The message followed by ` name=value` for every other field.
     pub text: String,
+    /// Every field but the message, by name: strings as they are, other values as `Debug` shows them.
+    pub fields: BTreeMap<&'static str, String>,
+    /// The span it happened in, as an index into [`Logs::spans`].
+    pub span: Option<usize>,
 }
 
 impl fmt::Display for LogLine {
@@ -28,16 +38,48 @@ impl fmt::Display for LogLine {
     }
 }
 
-/// The captured events of this process.
+/// One captured span.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpanLine {
+    /// Its index in [`Logs::spans`] (span ids are reused once closed; these are not).
+    pub index: usize,
+    /// Its name.
+    pub name: &'static str,
+    /// Its target.
+    pub target: String,
+    /// Its level.
+    pub level: Level,
+    /// The fields recorded so far (at creation or later), formatted as in [`LogLine::fields`].
+    pub fields: BTreeMap<&'static str, String>,
+    /// Its parent, as an index into [`Logs::spans`].
+    pub parent: Option<usize>,
+    /// Whether it has closed (every handle to it dropped).
+    pub closed: bool,
+}
+
+impl SpanLine {
+    /// The field `name`, if recorded.
+    pub fn field(&self, name: &str) -> Option<&str> {
+        self.fields.get(name).map(String::as_str)
+    }
+}
+
+/// The captured events and spans of this process.
 #[derive(Debug, Default)]
 pub struct Logs {
     lines: Mutex<Vec<LogLine>>,
+    spans: Mutex<Vec<SpanLine>>,
 }
 
 impl Logs {
     /// Every event so far.
     pub fn lines(&self) -> Vec<LogLine> {
-        self.lines.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        lock(&self.lines).clone()
+    }
+
+    /// Every span so far, in the order they were created.
+    pub fn spans(&self) -> Vec<SpanLine> {
+        lock(&self.spans).clone()
     }
 
     /// The events at `level` whose text contains every one of `needles`.
@@ -45,13 +87,17 @@ impl Logs {
         self.lines().into_iter().filter(|l| l.level == level && needles.iter().all(|n| l.text.contains(n))).collect()
     }
 
-    /// All events, one per line, for failure messages.
+    /// All events and spans, one per line, for failure messages.
     pub fn dump(&self) -> String {
-        self.lines().iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
+        let spans = self.spans().into_iter().map(|s| format!("span {s:?}"));
+        self.lines().iter().map(ToString::to_string).chain(spans).collect::<Vec<_>>().join("\n")
     }
 }
 
-struct Capture(&'static Logs);
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicking test thread cannot leave a half-pushed line behind.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 static LOGS: OnceLock<&'static Logs> = OnceLock::new();
 
@@ -61,16 +107,22 @@ static LOGS: OnceLock<&'static Logs> = OnceLock::new();
 pub fn capture() -> &'static Logs {
     LOGS.get_or_init(|| {
         let logs: &'static Logs = Box::leak(Box::default());
-        tracing::subscriber::set_global_default(Capture(logs))
+        let subscriber = tracing_subscriber::registry().with(Capture(logs).with_filter(LevelFilter::DEBUG));
+        tracing::subscriber::set_global_default(subscriber)
             .expect("another global tracing subscriber is installed; distlock_tests::logs needs its own");
         logs
     })
 }
 
+/// A span's index in [`Logs::spans`], kept in the registry's data for the span.
+struct Index(usize);
+
+struct Capture(&'static Logs);
+
 #[derive(Default)]
 struct Fields {
     message: String,
-    rest: String,
+    rest: BTreeMap<&'static str, String>,
 }
 
 impl Visit for Fields {
@@ -78,7 +130,7 @@ impl Visit for Fields {
         if field.name() == "message" {
             let _ = write!(self.message, "{value:?}");
         } else {
-            let _ = write!(self.rest, " {}={value:?}", field.name());
+            self.rest.insert(field.name(), format!("{value:?}"));
         }
     }
 
@@ -86,40 +138,64 @@ impl Visit for Fields {
         if field.name() == "message" {
             self.message.push_str(value);
         } else {
-            let _ = write!(self.rest, " {}={value}", field.name());
+            self.rest.insert(field.name(), value.to_owned());
         }
     }
 }
 
-impl Subscriber for Capture {
-    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
-        *metadata.level() <= Level::DEBUG
+impl Capture {
+    fn index<S: Subscriber + for<'a> LookupSpan<'a>>(id: &Id, ctx: &Context<'_, S>) -> Option<usize> {
+        ctx.span(id)?.extensions().get::<Index>().map(|i| i.0)
+    }
+}
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let parent = span.parent().and_then(|p| p.extensions().get::<Index>().map(|i| i.0));
+        let mut fields = Fields::default();
+        attrs.record(&mut fields);
+        let mut spans = lock(&self.0.spans);
+        let index = spans.len();
+        let metadata = attrs.metadata();
+        spans.push(SpanLine {
+            index,
+            name: metadata.name(),
+            target: metadata.target().to_owned(),
+            level: *metadata.level(),
+            fields: fields.rest,
+            parent,
+            closed: false,
+        });
+        drop(spans);
+        span.extensions_mut().insert(Index(index));
     }
 
-    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
-        Some(tracing::level_filters::LevelFilter::DEBUG)
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let Some(index) = Self::index(id, &ctx) else { return };
+        let mut fields = Fields::default();
+        values.record(&mut fields);
+        lock(&self.0.spans)[index].fields.extend(fields.rest);
     }
 
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(1)
-    }
-
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-
-    fn event(&self, event: &Event<'_>) {
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
         let mut fields = Fields::default();
         event.record(&mut fields);
+        let rest: String = fields.rest.iter().map(|(name, value)| format!(" {name}={value}")).collect();
+        let span = ctx.event_span(event).and_then(|span| span.extensions().get::<Index>().map(|i| i.0));
         let line = LogLine {
             level: *event.metadata().level(),
             target: event.metadata().target().to_owned(),
-            text: format!("{}{}", fields.message, fields.rest),
+            text: format!("{}{rest}", fields.message),
+            fields: fields.rest,
+            span,
         };
-        self.0.lines.lock().unwrap_or_else(PoisonError::into_inner).push(line);
+        lock(&self.0.lines).push(line);
     }
 
-    fn enter(&self, _: &Id) {}
-
-    fn exit(&self, _: &Id) {}
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        if let Some(index) = Self::index(&id, &ctx) {
+            lock(&self.0.spans)[index].closed = true;
+        }
+    }
 }

@@ -16,6 +16,7 @@ pub(crate) use self::memory::MemoryBackend;
 pub(crate) use self::redis::{ConnectSettings, RedisBackend, ReplicaAcks, Timeouts};
 pub(crate) use self::redlock::RedlockBackend;
 pub(crate) use self::store::{Capabilities, Fencing, Store, WakeUps};
+use crate::observe::timed;
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 /// The names one lock uses in the backend. All share the hash tag `{<escaped key>}`, so in a cluster they sit
@@ -219,6 +220,7 @@ macro_rules! dispatch {
     };
 }
 
+/// Every call but `capabilities` is timed by operation (feature `metrics`; nothing without it).
 impl Store for Backend {
     fn capabilities(&self) -> Capabilities {
         dispatch!(self, b => b.capabilities())
@@ -232,7 +234,7 @@ impl Store for Backend {
         metadata: &str,
         queueing: Option<Queueing>,
     ) -> Result<Attempt, LockError> {
-        dispatch!(self, b => b.acquire(keys, token, ttl, metadata, queueing).await)
+        timed!("acquire", dispatch!(self, b => b.acquire(keys, token, ttl, metadata, queueing).await))
     }
 
     async fn acquire_free(
@@ -245,15 +247,15 @@ impl Store for Backend {
     }
 
     async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError> {
-        dispatch!(self, b => b.withdraw(keys, token).await)
+        timed!("withdraw", dispatch!(self, b => b.withdraw(keys, token).await))
     }
 
     async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
-        dispatch!(self, b => b.renew(keys, token, ttl).await)
+        timed!("renew", dispatch!(self, b => b.renew(keys, token, ttl).await))
     }
 
     async fn renew_many(&self, items: &[Renewal<'_>]) -> Result<Vec<Result<bool, LockError>>, LockError> {
-        dispatch!(self, b => b.renew_many(items).await)
+        timed!("renew_many", dispatch!(self, b => b.renew_many(items).await))
     }
 
     async fn release(
@@ -262,19 +264,19 @@ impl Store for Backend {
         token: &LockToken,
         keep: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
-        dispatch!(self, b => b.release(keys, token, keep).await)
+        timed!("release", dispatch!(self, b => b.release(keys, token, keep).await))
     }
 
     async fn remaining(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Duration>, LockError> {
-        dispatch!(self, b => b.remaining(keys, token).await)
+        timed!("remaining", dispatch!(self, b => b.remaining(keys, token).await))
     }
 
     async fn info(&self, keys: &LockKeys) -> Result<Option<LockInfo>, LockError> {
-        dispatch!(self, b => b.info(keys).await)
+        timed!("info", dispatch!(self, b => b.info(keys).await))
     }
 
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
-        dispatch!(self, b => b.force_unlock(keys).await)
+        timed!("force_unlock", dispatch!(self, b => b.force_unlock(keys).await))
     }
 
     async fn scan(&self, scan: &mut ScanState, pattern: &str, count: usize) -> Result<Vec<String>, LockError> {
@@ -286,7 +288,7 @@ impl Store for Backend {
     }
 
     async fn watch_releases(&self, keys: &LockKeys, token: &LockToken) -> Result<ReleaseWatch, LockError> {
-        dispatch!(self, b => b.watch_releases(keys, token).await)
+        timed!("watch_releases", dispatch!(self, b => b.watch_releases(keys, token).await))
     }
 }
 

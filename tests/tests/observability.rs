@@ -1,0 +1,216 @@
+//! Issue 13, tracing: the `lock` span of a lock body (name, target, level, fields, its parent) and the events
+//! distlock reports (a lock lost, a release that found the lock gone, a forced unlock, a waiter handed the
+//! lock), captured with a subscriber of the test's own (`distlock_tests::logs`). No whole token is ever printed.
+//!
+//! No client is installed in this binary: the attribute's tests scope one with `with_client`, and a call
+//! outside that scope is the `error` outcome. Tests run in parallel and share the captured log: each one
+//! filters by its own keys.
+
+use std::sync::{Arc, Mutex};
+
+use distlock::{current_lock, distributed_lock, with_client, LockError, OnLost, ReleaseOutcome};
+use distlock_tests::logs::{self, Logs, SpanLine};
+use distlock_tests::time::{ms, secs};
+use distlock_tests::{both_backends, eventually, within, Fixture};
+use tracing::{Instrument, Level};
+
+/// The lock spans of `key`, in creation order.
+fn lock_spans(logs: &Logs, key: &str) -> Vec<SpanLine> {
+    logs.spans().into_iter().filter(|s| s.name == "lock" && s.field("key") == Some(key)).collect()
+}
+
+/// No captured event or span field contains a whole `token`.
+fn assert_never_printed(logs: &Logs, token: &str) {
+    assert_eq!(token.len(), 32, "a whole token");
+    for line in logs.lines() {
+        assert!(!line.text.contains(token), "an event printed a whole token: {line}");
+    }
+    for span in logs.spans() {
+        assert!(span.fields.values().all(|v| !v.contains(token)), "a span printed a whole token: {span:?}");
+    }
+}
+
+/// The waited_ms field, which every granted or refused lock span records.
+fn waited_ms(span: &SpanLine) -> u64 {
+    let waited = span.field("waited_ms").unwrap_or_else(|| panic!("no waited_ms: {span:?}"));
+    waited.parse().unwrap_or_else(|_| panic!("waited_ms {waited:?}"))
+}
+
+#[distributed_lock(key = "obs:<run>", ttl = "10s")]
+async fn locked(run: &str) -> Result<(u64, String), LockError> {
+    tracing::info!(run, "inside the body");
+    let lock = current_lock().expect("inside a lock body");
+    Ok((lock.fencing_token(), lock.token().expose_secret().to_owned()))
+}
+
+/// The attribute's span: `lock`, target `distlock`, DEBUG, with the key, the function's path, the fencing
+/// token, the wait and the outcome; a child of the caller's span, and the parent of the body's events.
+async fn attribute_span_is_a_child_of_the_callers_span(fx: Fixture) {
+    let logs = logs::capture();
+    let run = format!("attr-{:?}", fx.backend());
+    let caller = tracing::info_span!("request", run = %run);
+    let (fence, token) =
+        with_client(fx.client().clone(), locked(&run)).instrument(caller.clone()).await.expect("the body ran");
+    drop(caller);
+
+    let spans = lock_spans(logs, &format!("obs:{run}"));
+    let [span] = spans.as_slice() else { panic!("one lock span: {spans:?}\n{}", logs.dump()) };
+    assert_eq!((span.target.as_str(), span.level), ("distlock", Level::DEBUG));
+    assert_eq!(span.field("function"), Some(concat!(module_path!(), "::locked")));
+    assert_eq!(span.field("fencing_token"), Some(fence.to_string().as_str()));
+    assert!(waited_ms(span) < 10_000);
+    assert_eq!(span.field("outcome"), Some("held"));
+    assert!(span.closed, "the span ends with the call");
+
+    let parent = &logs.spans()[span.parent.expect("the lock span has a parent")];
+    assert_eq!((parent.name, parent.field("run")), ("request", Some(run.as_str())), "the caller's span");
+    let inside = logs.lines().into_iter().find(|l| l.text.starts_with("inside the body") && l.fields["run"] == run);
+    assert_eq!(inside.expect("the body's event").span, Some(span.index), "the body's event is in the lock span");
+    assert_never_printed(logs, &token);
+}
+
+/// `acquire`'s span covers the acquisition alone: closed when it returns, while the guard lives on. A busy
+/// lock is `not_obtained` after its wait, with no fencing token, for `acquire` and `run` alike.
+async fn acquire_span_covers_the_acquisition(fx: Fixture) {
+    let logs = logs::capture();
+    let key = format!("obs:busy-{:?}", fx.backend());
+    let client = fx.client();
+    let holder = client.lock(&key).ttl(secs(10)).acquire().await.expect("free");
+
+    let spans = lock_spans(logs, &key);
+    let [granted] = spans.as_slice() else { panic!("one lock span: {spans:?}") };
+    assert!(granted.closed, "closed once acquire returned, though the guard lives");
+    assert_eq!(granted.field("outcome"), Some("held"));
+    assert_eq!(granted.field("fencing_token"), Some(holder.fencing_token().to_string().as_str()));
+    assert_eq!(granted.field("function"), None, "the programmatic API names no function");
+    assert!(granted.parent.is_none(), "no span was current");
+
+    let busy = client.lock(&key).wait(ms(100)).acquire().await;
+    assert!(matches!(busy, Err(LockError::NotObtained { .. })), "{busy:?}");
+    let ran = client.lock(&key).run(async { unreachable!("the body never runs without the lock") }).await;
+    assert!(matches!(ran, Err(LockError::NotObtained { .. })), "{ran:?}");
+
+    let spans = lock_spans(logs, &key);
+    let [_, waited, ran] = spans.as_slice() else { panic!("three lock spans: {spans:?}") };
+    for refused in [waited, ran] {
+        assert_eq!(refused.field("outcome"), Some("not_obtained"), "{refused:?}");
+        assert_eq!(refused.field("fencing_token"), None, "{refused:?}");
+        assert!(refused.closed);
+    }
+    assert!(waited_ms(waited) >= 100, "waited its whole wait: {waited:?}");
+    assert!(waited_ms(ran) < 10_000);
+    assert_never_printed(logs, holder.token().expose_secret());
+    assert_eq!(holder.release().await.expect("release"), ReleaseOutcome::Released);
+}
+
+/// A lock lost under its body: the span's outcome is `lost` (also when `OnLost::Continue` lets the body
+/// finish), a WARN names the key and why, with the token redacted; the forced unlock is an INFO event inside
+/// the body's span.
+async fn a_lost_lock_is_a_lost_outcome_and_a_warning(fx: Fixture) {
+    let logs = logs::capture();
+    let client = fx.client().clone();
+    for on_lost in [OnLost::Abort, OnLost::Continue] {
+        let key = format!("obs:lost-{on_lost:?}-{:?}", fx.backend());
+        let token = Arc::new(Mutex::new(String::new()));
+        let (c, k, t) = (client.clone(), key.clone(), Arc::clone(&token));
+        let body = async move {
+            let lock = current_lock().expect("inside a lock body");
+            *t.lock().unwrap() = lock.token().expose_secret().to_owned();
+            assert!(c.force_unlock(&k).await.expect("force unlock"));
+            // The renewal after this (within a third of the ttl) finds the lock gone.
+            lock.lost().await;
+        };
+        let outcome =
+            within(secs(10), "the loss is noticed", client.lock(&key).ttl(ms(900)).on_lost(on_lost).run(body));
+        match on_lost {
+            OnLost::Abort => assert!(matches!(outcome.await, Err(LockError::Lost { .. }))),
+            _ => outcome.await.expect("OnLost::Continue returns the body's output"),
+        }
+
+        let spans = lock_spans(logs, &key);
+        let [span] = spans.as_slice() else { panic!("one lock span: {spans:?}") };
+        assert_eq!(span.field("outcome"), Some("lost"), "{on_lost:?}");
+        assert!(span.field("fencing_token").is_some());
+        let token = token.lock().unwrap().clone();
+        let lines = logs.lines();
+        let key_of = |l: &&logs::LogLine| l.fields.get("key").map(String::as_str) == Some(key.as_str());
+
+        let lost: Vec<_> = lines.iter().filter(key_of).filter(|l| l.text.starts_with("distlock: lock lost")).collect();
+        let [lost] = lost.as_slice() else { panic!("one loss warning: {lost:?}\n{}", logs.dump()) };
+        assert_eq!(lost.level, Level::WARN);
+        assert!(lost.fields["why"].contains("gone"), "why: {lost:?}");
+        assert_eq!(lost.fields["token"], format!("{}…", &token[..8]), "redacted");
+
+        let forced: Vec<_> = lines.iter().filter(key_of).filter(|l| l.text.contains("force unlock")).collect();
+        let [forced] = forced.as_slice() else { panic!("one force-unlock event: {forced:?}") };
+        assert_eq!((forced.level, forced.fields["deleted"].as_str()), (Level::INFO, "true"));
+        assert_eq!(forced.span, Some(span.index), "called inside the body, so inside its span");
+        assert_never_printed(logs, &token);
+    }
+}
+
+/// Releasing a guard whose lock is no longer held returns `Expired` and warns.
+async fn releasing_a_lock_no_longer_held_warns(fx: Fixture) {
+    let logs = logs::capture();
+    let key = format!("obs:expired-{:?}", fx.backend());
+    let guard = fx.client().lock(&key).ttl(secs(30)).acquire().await.expect("free");
+    assert!(fx.client().force_unlock(&key).await.expect("force unlock"));
+    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Expired);
+    let warnings: Vec<_> = logs
+        .matching(Level::WARN, &["no longer held"])
+        .into_iter()
+        .filter(|l| l.fields.get("key") == Some(&key))
+        .collect();
+    let [warning] = warnings.as_slice() else { panic!("one warning: {warnings:?}\n{}", logs.dump()) };
+    assert_eq!(warning.fields["outcome"], "Expired");
+}
+
+/// A release hands the lock to the queued waiter: a DEBUG event in the waiter's span, with its fencing token.
+async fn a_waiter_handed_the_lock_is_a_debug_event(fx: Fixture) {
+    let logs = logs::capture();
+    let key = format!("obs:handed-{:?}", fx.backend());
+    let client = fx.client().clone();
+    let holder = client.lock(&key).ttl(secs(10)).acquire().await.expect("free");
+    let waiter = tokio::spawn(client.lock(&key).ttl(secs(10)).wait(secs(20)).acquire());
+    eventually(secs(10), "the waiter queues", || async {
+        client.lock_info(&key).await.expect("info").is_some_and(|info| info.waiting >= 1)
+    })
+    .await;
+    holder.release().await.expect("release");
+    let guard = within(secs(10), "the hand-over", waiter).await.expect("task").expect("handed the lock");
+
+    let spans = lock_spans(logs, &key);
+    let [_, waited] = spans.as_slice() else { panic!("two lock spans: {spans:?}") };
+    assert_eq!(waited.field("outcome"), Some("held"));
+    let handed: Vec<_> = logs
+        .matching(Level::DEBUG, &["a waiter was handed the lock"])
+        .into_iter()
+        .filter(|l| l.fields.get("key") == Some(&key))
+        .collect();
+    let [handed] = handed.as_slice() else { panic!("one hand-over event: {handed:?}\n{}", logs.dump()) };
+    assert_eq!(handed.fields["fencing_token"], guard.fencing_token().to_string());
+    assert!(["announced", "claimed"].contains(&handed.fields["how"].as_str()), "{handed:?}");
+    assert_eq!(handed.span, Some(waited.index), "in the waiter's span");
+    assert_never_printed(logs, guard.token().expose_secret());
+}
+
+both_backends!(
+    attribute_span_is_a_child_of_the_callers_span,
+    acquire_span_covers_the_acquisition,
+    a_lost_lock_is_a_lost_outcome_and_a_warning,
+    releasing_a_lock_no_longer_held_warns,
+    a_waiter_handed_the_lock_is_a_debug_event,
+);
+
+/// Without a client the attribute's span still says what happened: `error`, with the function's path.
+#[tokio::test]
+async fn an_unconfigured_attribute_is_an_error_outcome() {
+    let logs = logs::capture();
+    let outcome = locked("unconfigured").await;
+    assert!(matches!(outcome, Err(LockError::NotConfigured)), "{outcome:?}");
+    let spans = lock_spans(logs, "obs:unconfigured");
+    let [span] = spans.as_slice() else { panic!("one lock span: {spans:?}") };
+    assert_eq!(span.field("outcome"), Some("error"));
+    assert_eq!(span.field("function"), Some(concat!(module_path!(), "::locked")));
+    assert_eq!((span.field("fencing_token"), span.field("waited_ms")), (None, None));
+}
