@@ -219,10 +219,15 @@ mod tests {
         tokio::spawn(std::future::IntoFuture::into_future(axum::serve(listener, app(client))));
         assert_eq!(send_post(address, "/reports/7").await.expect("third").0, 200);
         assert_eq!(send_post(address, "/reports/8").await.expect("another").0, 200);
-        // The lock's metrics: three grants and the refused request, in the Prometheus text format.
+        // The lock's metrics, in the Prometheus text format: at least this test's three grants and its refused
+        // request (the recorder is the process's, and the other test of this binary takes locks too).
         let metrics = get_body(address, "/metrics").await.expect("GET /metrics");
-        assert!(metrics.contains(r#"distlock_acquire_total{outcome="acquired"} 3"#), "{metrics}");
-        assert!(metrics.contains(r#"distlock_acquire_total{outcome="not_obtained"} 1"#), "{metrics}");
+        let count = |outcome: &str| -> u64 {
+            let prefix = format!("distlock_acquire_total{{outcome=\"{outcome}\"}} ");
+            metrics.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
+        };
+        assert!(count("acquired") >= 3, "{metrics}");
+        assert!(count("not_obtained") >= 1, "{metrics}");
         assert!(metrics.contains("distlock_hold_seconds"), "{metrics}");
     }
 

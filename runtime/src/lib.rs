@@ -49,6 +49,9 @@
 //!   builder still refuses them unless [`ClientBuilder::allow_insecure_tls`] is set.
 //! - **`tower`**: `distlock::tower::ClientLayer`, which runs each request of a tower service (axum,
 //!   tonic, hyper) with a client in scope, where a [`with_client`] scope would not reach.
+//! - **`metrics`**: counters, histograms and gauges of acquisitions, losses, renewals, holds and store calls
+//!   through the [`metrics`](https://docs.rs/metrics) facade (install any recorder); see
+//!   [Observability](#observability).
 //! - **`simulation`**: not for users and not covered by semver: the deterministic simulation of the lock
 //!   engine (a simulated store, seeded faults, paused time) that this repository's tests drive; it turns on
 //!   tokio's `test-util`.
