@@ -51,6 +51,28 @@ fn assert_one_error_line(output: &Output) -> String {
     err
 }
 
+/// Starts `distlock ARGS` (a `watch`) with piped output, and reads until its output shows `needle`: the child,
+/// its standard output and what was read so far.
+async fn watch_until(args: &[&str], needle: &str) -> (tokio::process::Child, tokio::process::ChildStdout, Vec<u8>) {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_distlock"))
+        .args(args)
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run distlock watch");
+    let mut out = child.stdout.take().expect("stdout");
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains(needle) {
+        let mut buf = [0; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(30), out.read(&mut buf)).await.expect("first screen").unwrap();
+        assert!(n > 0, "watch ended early: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    (child, out, seen)
+}
+
 async fn client(url: &str, owner: &str) -> distlock::Client {
     distlock::Client::builder().redis(url).owner(owner).build().await.expect("client")
 }
@@ -183,23 +205,9 @@ async fn watch_redraws_count_times_and_reports_a_release() {
     let guard = client.lock("w:1").ttl(TTL).acquire().await.unwrap();
     let _kept = client.lock("w:2").ttl(TTL).acquire().await.unwrap();
 
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_distlock"))
-        .args(["--url", &url, "watch", "w:*", "--count", "2", "--interval", "2s"])
-        .env_remove("REDIS_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run distlock watch");
-    let mut out = child.stdout.take().expect("stdout");
-    let mut seen = Vec::new();
+    let (mut child, mut out, mut seen) =
+        watch_until(&["--url", &url, "watch", "w:*", "--count", "2", "--interval", "2s"], "w:2 ").await;
     // The first screen is out: release one lock before the second.
-    while !String::from_utf8_lossy(&seen).contains("w:2 ") {
-        let mut buf = [0; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(30), out.read(&mut buf)).await.expect("first screen").unwrap();
-        assert!(n > 0, "watch ended early: {}", String::from_utf8_lossy(&seen));
-        seen.extend_from_slice(&buf[..n]);
-    }
     guard.release().await.unwrap();
     out.read_to_end(&mut seen).await.unwrap();
     let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.expect("watch ended").unwrap();
@@ -340,22 +348,7 @@ async fn watch_ends_cleanly_on_ctrl_c() {
     let url = server.url();
     let client = client(&url, "watched").await;
     let _guard = client.lock("ctrl-c").ttl(TTL).acquire().await.unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_distlock"))
-        .args(["--url", &url, "watch", "--interval", "60s"])
-        .env_remove("REDIS_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run distlock watch");
-    let mut out = child.stdout.take().expect("stdout");
-    let mut seen = Vec::new();
-    while !String::from_utf8_lossy(&seen).contains("ctrl-c ") {
-        let mut buf = [0; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(30), out.read(&mut buf)).await.expect("first screen").unwrap();
-        assert!(n > 0, "watch ended early: {}", String::from_utf8_lossy(&seen));
-        seen.extend_from_slice(&buf[..n]);
-    }
+    let (mut child, _out, _seen) = watch_until(&["--url", &url, "watch", "--interval", "60s"], "ctrl-c ").await;
     distlock_tests::sys::signal(child.id().expect("running"), "INT");
     let status =
         tokio::time::timeout(Duration::from_secs(10), child.wait()).await.expect("watch ended on SIGINT").unwrap();

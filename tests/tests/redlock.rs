@@ -10,11 +10,12 @@ use distlock_tests::{busy_for_outsiders, eventually, within, Fixture, RedisServe
 use redis::AsyncCommands;
 use tokio::time::Instant;
 
-/// How many of `fixture`'s Redlock servers have `key` (a record or a derived key) right now.
+/// How many of `fixture`'s Redlock servers have `key` (a record or a derived key) right now, asked on fresh
+/// connections (a restarted server's old one is gone).
 async fn servers_with(fixture: &Fixture, key: &str) -> usize {
     let mut n = 0;
-    for mut conn in fixture.redlock_connections() {
-        let exists: bool = conn.exists(key).await.expect("EXISTS");
+    for server in fixture.redlock_servers() {
+        let exists: bool = server.connection().await.exists(key).await.expect("EXISTS");
         n += usize::from(exists);
     }
     n
@@ -279,16 +280,6 @@ async fn a_give_back_never_deletes_a_grant_a_later_round_counted() {
     }
 }
 
-/// How many servers have `record`, on fresh connections (a restarted server's old one is gone).
-async fn holding(fixture: &Fixture, record: &str) -> usize {
-    let mut n = 0;
-    for server in fixture.redlock_servers() {
-        let exists: bool = server.connection().await.exists(record).await.expect("EXISTS");
-        n += usize::from(exists);
-    }
-    n
-}
-
 /// A server restarted empty (no persistence) while a lock is held there: the lock is still held by the
 /// other two, so nobody else gets a quorum, and the holder's renewals go on without re-creating the record on
 /// the restarted server. (A *second* server restarting empty within the same lease would let a second holder
@@ -300,14 +291,14 @@ async fn a_server_restarted_empty_during_a_hold_lets_no_second_holder_in() {
     let record = fixture.client().record_key("r");
     let ttl = ms(900);
     let guard = fixture.client().lock("r").ttl(ttl).acquire().await.expect("acquire");
-    assert_eq!(holding(&fixture, &record).await, 3);
+    assert_eq!(servers_with(&fixture, &record).await, 3);
     fixture.redlock_server_mut(0).restart();
-    assert_eq!(holding(&fixture, &record).await, 2, "the restarted server kept the record");
+    assert_eq!(servers_with(&fixture, &record).await, 2, "the restarted server kept the record");
     assert!(busy_for_outsiders(fixture.client(), "r").await, "a second holder got in with one server emptied");
     // Several leases: renewals by the two servers that hold it keep it, and never write it on the third.
     tokio::time::sleep(ttl * 3).await;
     assert!(!guard.is_lost(), "renewals by two of three servers did not keep the lock");
     assert!(busy_for_outsiders(fixture.client(), "r").await, "a second holder got in");
-    assert_eq!(holding(&fixture, &record).await, 2, "a renewal re-created the record on the emptied server");
+    assert_eq!(servers_with(&fixture, &record).await, 2, "a renewal re-created the record on the emptied server");
     assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
 }
