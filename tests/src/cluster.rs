@@ -66,7 +66,7 @@ impl RedisCluster {
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         );
-        cluster.wait_ready();
+        cluster.wait_ready(primaries * replicas);
         cluster
     }
 
@@ -199,7 +199,10 @@ impl RedisCluster {
         self.nodes.iter_mut().find(|n| n.port() == port)
     }
 
-    fn wait_ready(&self) {
+    /// Until every node reports `cluster_state:ok`, every replica's link to its primary is up, and every node's
+    /// view of the cluster counts all `replicas` replicas. A node that `redis-cli` has not yet made a replica
+    /// reports itself a primary with a state of ok, so the first two alone were seen to pass too early.
+    fn wait_ready(&self, replicas: usize) {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             let pending: Vec<String> = self
@@ -208,8 +211,10 @@ impl RedisCluster {
                 .filter_map(|node| {
                     let info = self.cli(node.port(), &["CLUSTER", "INFO"]);
                     let replication = self.cli(node.port(), &["INFO", "replication"]);
+                    let seen = self.cli(node.port(), &["CLUSTER", "NODES"]);
                     let ok = info.contains("cluster_state:ok")
-                        && (replication.contains("role:master") || replication.contains("master_link_status:up"));
+                        && (replication.contains("role:master") || replication.contains("master_link_status:up"))
+                        && seen.lines().filter(|l| l.contains("slave")).count() == replicas;
                     (!ok).then(|| format!("127.0.0.1:{}", node.port()))
                 })
                 .collect();
