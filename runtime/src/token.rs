@@ -17,7 +17,7 @@ use std::fmt;
 /// assert_eq!(guard.token().expose_secret().len(), 32);
 /// # Ok(()) }
 /// ```
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct LockToken([u8; TOKEN_LEN]);
 
 /// A token's length in hex digits: the Redis record and its scripts are laid out around it.

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use distlock::{Client, LockError, ReleaseOutcome};
+use distlock_tests::monitor::Monitor;
 use distlock_tests::sys::Stopped;
 use distlock_tests::time::{ms, secs};
 use distlock_tests::{busy_for_outsiders, eventually, within, Fixture, RedisServer};
@@ -21,16 +22,39 @@ async fn servers_with(fixture: &Fixture, key: &str) -> usize {
     n
 }
 
-/// Waits until the server behind `conn` no longer has `record`, and checks it had granted it (the lock's
-/// fencing counter is there): a grant that was given back, not one never made.
-async fn given_back(conn: &redis::aio::MultiplexedConnection, record: &str, what: &str) {
+/// Waits until the server behind `conn` no longer has `record`, and checks that it was given back: `monitor`
+/// (started on that server before the round) saw the record deleted, which a release does only for the
+/// token's own grant. So it was a grant given back, not one never made.
+async fn given_back(conn: &redis::aio::MultiplexedConnection, monitor: &Monitor, record: &str, what: &str) {
     eventually(secs(8), what, || {
         let (mut conn, record) = (conn.clone(), record.to_owned());
         async move { !conn.exists::<_, bool>(&record).await.expect("EXISTS") }
     })
     .await;
-    let granted: bool = conn.clone().exists(format!("{record}:fence")).await.expect("EXISTS fence");
-    assert!(granted, "{what}: the server never granted, so nothing was given back");
+    let deleted = format!("\"del\" \"{record}\"");
+    monitor.wait_for(0, &deleted, secs(8)).await;
+}
+
+/// Each server of a Redlock group keeps the lock's record and nothing else: no fence key (fencing is refused)
+/// and no queue (waiters poll), so a grant costs Redis no more than it needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_server_keeps_only_the_record() {
+    let fixture = Fixture::redlock().await;
+    let record = fixture.client().record_key("plain");
+    let waiter = fixture.client().clone();
+    let guard = fixture.client().lock("plain").acquire().await.expect("acquire");
+    // A waiter that polls while it is held: it leaves nothing behind either.
+    let busy = waiter.lock("plain").wait(ms(300)).acquire().await.expect_err("held");
+    assert!(busy.is_busy(), "{busy:?}");
+    for mut conn in fixture.redlock_connections() {
+        let keys: Vec<String> = conn.keys(format!("{record}*")).await.expect("KEYS");
+        assert_eq!(keys, vec![record.clone()], "keys for one held lock");
+    }
+    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+    for mut conn in fixture.redlock_connections() {
+        let keys: Vec<String> = conn.keys(format!("{record}*")).await.expect("KEYS");
+        assert!(keys.is_empty(), "left after release: {keys:?}");
+    }
 }
 
 /// A Redlock client on `fixture`'s servers with the given response timeout.
@@ -128,6 +152,7 @@ async fn a_dead_majority_fails_fast_leaves_nothing_held_and_holders_learn_they_l
     let record = fixture.client().record_key("k");
     let ttl = secs(1);
     let holder = fixture.client().lock("held").ttl(ttl).acquire().await.expect("acquire");
+    let on_live = Monitor::start(fixture.redlock_servers().nth(2).expect("server 2"));
     fixture.redlock_server_mut(0).kill();
     fixture.redlock_server_mut(1).kill();
     // The holder: no quorum renews, so it is told by its deadline (at most one lease from now).
@@ -141,7 +166,7 @@ async fn a_dead_majority_fails_fast_leaves_nothing_held_and_holders_learn_they_l
     assert!(took < secs(1), "a failed round took {took:?}");
     // The live server granted, and was given the grant back.
     let live = fixture.redlock_connections().pop().expect("server 2");
-    given_back(&live, &record, "the live server's grant given back").await;
+    given_back(&live, &on_live, &record, "the live server's grant given back").await;
 }
 
 /// A hung server (SIGSTOP: its socket open, no replies) must not cost the rounds that a quorum decides
@@ -152,6 +177,7 @@ async fn a_hung_server_does_not_slow_acquires_and_a_late_grant_is_given_back() {
     let fixture = Fixture::redlock().await;
     let client = client_with_response_timeout(&fixture, secs(10)).await;
     let servers: Vec<&RedisServer> = fixture.redlock_servers().collect();
+    let on_hung = Monitor::start(servers[0]);
     let hung = Stopped::stop(servers[0].pid().expect("pid"));
     // ttl 20 s: each server gets min(ttl/20, response timeout) = 1 s. Rounds decided by the two live servers
     // take nothing like it.
@@ -178,7 +204,7 @@ async fn a_hung_server_does_not_slow_acquires_and_a_late_grant_is_given_back() {
     // The hung server wakes, runs the acquire it had queued and grants: that late grant is given back.
     let record = client.record_key("late");
     hung.resume();
-    given_back(&servers[0].connection().await, &record, "the late grant given back").await;
+    given_back(&servers[0].connection().await, &on_hung, &record, "the late grant given back").await;
     other.release().await.expect("release");
 }
 
@@ -252,7 +278,6 @@ async fn a_give_back_never_deletes_a_grant_a_later_round_counted() {
     let _held2 = on2.lock("k").ttl(secs(30)).acquire().await.expect("held on server 2");
     let record = client.record_key("k");
     let mut conns = fixture.redlock_connections();
-    let fence_on_1: u64 = conns[1].get(format!("{record}:fence")).await.expect("GET fence");
     let hung = Stopped::stop(servers[0].pid().expect("pid"));
     let acquiring = {
         let client = client.clone();
@@ -262,12 +287,11 @@ async fn a_give_back_never_deletes_a_grant_a_later_round_counted() {
         })
     };
     held1.release().await.expect("release on server 1");
-    // A round after that release reached server 1 (it granted there: the fence moved), with the first
-    // round's acquire still queued on server 0.
+    // A round after that release reached server 1 (it granted there: the record, deleted by the release, is
+    // back), with the first round's acquire still queued on server 0.
     eventually(secs(10), "a round granted on server 1", || {
-        let mut conn = conns[1].clone();
-        let fence = format!("{record}:fence");
-        async move { conn.get::<_, u64>(&fence).await.expect("GET fence") > fence_on_1 }
+        let (mut conn, record) = (conns[1].clone(), record.clone());
+        async move { conn.exists::<_, bool>(&record).await.expect("EXISTS") }
     })
     .await;
     hung.resume();

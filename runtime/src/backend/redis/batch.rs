@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use super::scripts::record::write_holder;
 use super::scripts::reply::FAILED;
-use super::scripts::{LuaScript, ACQUIRE, BATCH, RELEASE};
+use super::scripts::{LuaScript, ACQUIRE, ACQUIRE_PLAIN, BATCH, RELEASE};
 use super::window::Window;
 use super::{failed_in_script, send_script, unexpected_reply};
 use crate::LockToken;
@@ -48,6 +48,9 @@ pub(super) enum Op<'a> {
         metadata: Cow<'a, str>,
         register_ms: u64,
         lease_ms: u64,
+        /// For a store without queue or fencing tokens (Redlock's servers): [`ACQUIRE_PLAIN`], which takes
+        /// the first three arguments only (`register_ms` is then 0).
+        plain: bool,
     },
     /// ARGV of [`RELEASE`]: token, keep ms (0: free it now).
     Release { record: Cow<'a, str>, token: LockToken, keep_ms: u64 },
@@ -56,7 +59,7 @@ pub(super) enum Op<'a> {
 impl Op<'_> {
     fn into_owned(self) -> Op<'static> {
         match self {
-            Op::Acquire { record, token, ttl_ms, owner, metadata, register_ms, lease_ms } => Op::Acquire {
+            Op::Acquire { record, token, ttl_ms, owner, metadata, register_ms, lease_ms, plain } => Op::Acquire {
                 record: Cow::Owned(record.into_owned()),
                 token,
                 ttl_ms,
@@ -64,6 +67,7 @@ impl Op<'_> {
                 metadata: Cow::Owned(metadata.into_owned()),
                 register_ms,
                 lease_ms,
+                plain,
             },
             Op::Release { record, token, keep_ms } => {
                 Op::Release { record: Cow::Owned(record.into_owned()), token, keep_ms }
@@ -79,6 +83,7 @@ impl Op<'_> {
 
     fn script(&self) -> &'static LuaScript {
         match self {
+            Op::Acquire { plain: true, .. } => &ACQUIRE_PLAIN,
             Op::Acquire { .. } => &ACQUIRE,
             Op::Release { .. } => &RELEASE,
         }
@@ -87,6 +92,7 @@ impl Op<'_> {
     /// The operation's letter in a [`BATCH`] call: which arguments follow.
     fn letter(&self) -> char {
         match self {
+            Op::Acquire { plain: true, .. } => 'p',
             Op::Acquire { register_ms: 0, .. } => 'a',
             Op::Acquire { .. } => 'q',
             Op::Release { keep_ms: 0, .. } => 'r',
@@ -97,10 +103,10 @@ impl Op<'_> {
     /// The arguments the scripts need, trailing zeroes left out (the scripts default them).
     fn write_args(&self, cmd: &mut Cmd) {
         match self {
-            Op::Acquire { token, ttl_ms, owner, metadata, register_ms, lease_ms, .. } => {
+            Op::Acquire { token, ttl_ms, owner, metadata, register_ms, lease_ms, plain, .. } => {
                 cmd.arg(token.as_str()).arg(ttl_ms);
                 write_holder(&mut cmd.writer_for_next_arg(), owner, metadata);
-                if *register_ms > 0 {
+                if *register_ms > 0 && !plain {
                     cmd.arg(register_ms).arg(lease_ms);
                 }
             }

@@ -45,8 +45,15 @@ impl RedisBackend {
         let subscriber = Subscriber::new(resp3, timeouts);
         let commands = Link::One(commands);
         let hot = Hot::Coalesced(Coalescer::new(commands.clone()));
-        let backend =
-            Self { server, commands, hot, subscriber, replicas: settings.replicas, owner: settings.owner.into() };
+        let backend = Self {
+            server,
+            commands,
+            hot,
+            subscriber,
+            replicas: settings.replicas,
+            owner: settings.owner.into(),
+            plain: false,
+        };
         backend.probe(settings.prefix).await?;
         Ok(backend)
     }
@@ -85,7 +92,8 @@ impl RedisBackend {
         let link = Link::Cluster(link);
         subscriber.use_connection(link.clone());
         let (hot, owner) = (Hot::Direct(link.clone()), settings.owner.into());
-        let backend = Self { server, commands: link, hot, subscriber, replicas: settings.replicas, owner };
+        let backend =
+            Self { server, commands: link, hot, subscriber, replicas: settings.replicas, owner, plain: false };
         backend.probe(settings.prefix).await?;
         Ok(backend)
     }
@@ -137,8 +145,15 @@ impl RedisBackend {
         let link = Link::Sentinel(link);
         subscriber.use_connection(link.clone());
         let hot = Hot::Coalesced(Coalescer::new(link.clone()));
-        let backend =
-            Self { server, commands: link, hot, subscriber, replicas: settings.replicas, owner: settings.owner.into() };
+        let backend = Self {
+            server,
+            commands: link,
+            hot,
+            subscriber,
+            replicas: settings.replicas,
+            owner: settings.owner.into(),
+            plain: false,
+        };
         backend.probe(settings.prefix).await?;
         Ok(backend)
     }

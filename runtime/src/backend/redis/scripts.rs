@@ -205,9 +205,10 @@ const CALL_FRAME: &str =
     "local call = table.remove(ARGV)\nlocal reply = (function()\n{body}end)()\nreturn {call, reply}\n";
 
 /// Every script.
-pub(super) fn all_scripts() -> [&'static LuaScript; 11] {
+pub(super) fn all_scripts() -> [&'static LuaScript; 12] {
     [
         &ACQUIRE,
+        &ACQUIRE_PLAIN,
         &ACQUIRE_ALL,
         &RELEASE,
         &BATCH,
@@ -222,12 +223,13 @@ pub(super) fn all_scripts() -> [&'static LuaScript; 11] {
 }
 
 /// The files scripts include, by name.
-const SHARED: [(&str, &str); 7] = [
+const SHARED: [(&str, &str); 8] = [
     ("record", include_str!("lua/record.lua")),
     ("fence", include_str!("lua/fence.lua")),
     ("hand_over", include_str!("lua/hand_over.lua")),
     ("queue", include_str!("lua/queue.lua")),
     ("acquire_fn", include_str!("lua/acquire_fn.lua")),
+    ("acquire_plain_fn", include_str!("lua/acquire_plain_fn.lua")),
     ("release_fn", include_str!("lua/release_fn.lua")),
     ("renew_fn", include_str!("lua/renew_fn.lua")),
 ];
@@ -255,6 +257,7 @@ fn compose(file: &str) -> String {
 }
 
 pub(super) static ACQUIRE: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/acquire.lua")));
+pub(super) static ACQUIRE_PLAIN: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/acquire_plain.lua")));
 pub(super) static ACQUIRE_ALL: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/acquire_all.lua")));
 pub(super) static RELEASE: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/release.lua")));
 pub(super) static BATCH: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/batch.lua")));
@@ -272,9 +275,10 @@ mod tests {
     use crate::backend::{CHANNEL, FENCE, FENCE_REFRESH, FENCE_RETENTION};
 
     /// Every script, named; the same as [`all_scripts`], in its order.
-    fn all() -> [(&'static str, &'static LuaScript); 11] {
+    fn all() -> [(&'static str, &'static LuaScript); 12] {
         [
             ("acquire", &ACQUIRE),
+            ("acquire_plain", &ACQUIRE_PLAIN),
             ("acquire_all", &ACQUIRE_ALL),
             ("release", &RELEASE),
             ("batch", &BATCH),

@@ -86,7 +86,8 @@ impl RedlockBackend {
         }
         let connected =
             futures_util::future::join_all(urls.iter().map(|url| RedisBackend::connect(url, settings))).await;
-        let servers = connected.into_iter().map(|c| c.map(Arc::new)).collect::<Result<Vec<_>, _>>()?;
+        let servers =
+            connected.into_iter().map(|c| c.map(|server| Arc::new(server.plain()))).collect::<Result<Vec<_>, _>>()?;
         Ok(Self { servers, unfinished: Unfinished::default(), names, response: settings.timeouts.response })
     }
 
@@ -145,9 +146,10 @@ impl Store for RedlockBackend {
     ) -> Result<Attempt, LockError> {
         let start = Instant::now();
         let (verdict, told) = watch::channel(Verdict::Pending);
-        let metadata: Arc<str> = metadata.into();
+        let (keys_shared, metadata): (Arc<LockKeys>, Arc<str>) = (Arc::new(keys.clone()), metadata.into());
         let mut rx = self.fan_out(|server, tx, i| {
-            let (keys, token, metadata, mut told) = (keys.clone(), token.clone(), metadata.clone(), told.clone());
+            let (keys, token, metadata, mut told) =
+                (Arc::clone(&keys_shared), token.clone(), metadata.clone(), told.clone());
             let under_way = self.unfinished.begin(i, &token);
             async move {
                 let Some(_under_way) = under_way else {
@@ -223,8 +225,9 @@ impl Store for RedlockBackend {
     /// Renewed when a quorum renewed; lost when so many servers no longer hold it that no quorum can. The
     /// RENEW script only extends a record this token still has: a server that lost it is not given it back.
     async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
+        let shared = Arc::new(keys.clone());
         let mut rx = self.ask_all(|server| {
-            let (keys, token) = (keys.clone(), token.clone());
+            let (keys, token) = (Arc::clone(&shared), token.clone());
             async move { server.renew(&keys, &token, ttl).await }
         });
         let (n, quorum) = (self.servers.len(), self.quorum());
@@ -297,8 +300,9 @@ impl Store for RedlockBackend {
         token: &LockToken,
         keep: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
+        let shared = Arc::new(keys.clone());
         let mut rx = self.ask_all(|server| {
-            let (keys, token) = (keys.clone(), token.clone());
+            let (keys, token) = (Arc::clone(&shared), token.clone());
             async move { server.release(&keys, &token, keep).await }
         });
         let quorum = self.quorum();
@@ -321,8 +325,9 @@ impl Store for RedlockBackend {
 
     /// The lease a quorum still has for `token`: the quorum-th longest among the servers.
     async fn remaining(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Duration>, LockError> {
+        let shared = Arc::new(keys.clone());
         let mut rx = self.ask_all(|server| {
-            let (keys, token) = (keys.clone(), token.clone());
+            let (keys, token) = (Arc::clone(&shared), token.clone());
             async move { server.remaining(&keys, &token).await }
         });
         let (n, quorum) = (self.servers.len(), self.quorum());

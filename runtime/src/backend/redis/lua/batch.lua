@@ -4,11 +4,12 @@
 -- ARGV[1]: one letter per operation; then each operation's arguments, in order:
 --   a  acquire: token, ttl ms, holder
 --   q  acquire and queue: token, ttl ms, holder, register ms, hand-over lease ms
+--   p  acquire on a store without queue or fencing (ACQUIRE_PLAIN): token, ttl ms, holder
 --   r  release: token
 --   k  release but keep: token, keep ms
 -- Reply: three values per operation: {code, fence, ms} as ACQUIRE replies, {code, 0, 0} for a release, or
 --   {FAILED, error message, 0} when that operation failed (the others still ran).
--- #include record fence hand_over queue acquire_fn release_fn
+-- #include record fence hand_over queue acquire_fn acquire_plain_fn release_fn
 -- Every command of an operation runs under its pcall, so its failure is its own.
 local function release_op(R, token, keep)
   return release(R, token, keep, redis.call('get', R))
@@ -21,6 +22,9 @@ for i = 1, #ops do
   local ok, code, fence, ms
   if op == 97 then
     ok, code, fence, ms = pcall(acquire, KEYS[i], ARGV[a], ARGV[a + 1], ARGV[a + 2], '0', '0')
+    a = a + 3
+  elseif op == 112 then
+    ok, code, fence, ms = pcall(acquire_plain, KEYS[i], ARGV[a], ARGV[a + 1], ARGV[a + 2])
     a = a + 3
   elseif op == 113 then
     ok, code, fence, ms = pcall(acquire, KEYS[i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
