@@ -34,7 +34,8 @@
 //! 5. wake-up of a waiter whose backoff is 5 s, after the holder's release, against the round-trip time.
 //!
 //! `--scale-out` runs only the Redlock (3 and 5 servers, against rslock) and Redis Cluster (against the raw floor
-//! on the crate's cluster client) rows, 1 and 64 tasks (`scaleout.rs`).
+//! on the crate's cluster client) rows, 1 and 64 tasks (`scaleout.rs`), then 100 000 locks held on the cluster:
+//! what one renewal period costs the client and the nodes (`cluster_held.rs`).
 //!
 //! `--rtt MS,...` runs the scenarios once per added round trip: for each non-zero one, every contender
 //! (the timed children included) reaches redis-server through the benchmark's own delay proxy
@@ -43,6 +44,7 @@
 
 #[allow(unsafe_code)]
 mod alloc;
+mod cluster_held;
 mod contention;
 mod held;
 mod measure;

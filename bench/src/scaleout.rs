@@ -163,8 +163,9 @@ fn call(
     move |task, n| f(task, n)
 }
 
-/// A 3-primary cluster: distlock against the raw floor on the crate's cluster client.
-async fn cluster(rounds_n: usize, each: Duration, pin: &dyn Fn(u32)) -> Vec<Row> {
+/// A 3-primary cluster: distlock against the raw floor on the crate's cluster client; then the held-locks
+/// table ([`cluster_held`](crate::cluster_held)).
+async fn cluster(rounds_n: usize, each: Duration, pin: &dyn Fn(u32)) -> (Vec<Row>, String) {
     let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 1)).await.expect("cluster");
     for node in cluster.nodes() {
         pin(node.pid().expect("node running"));
@@ -206,7 +207,9 @@ async fn cluster(rounds_n: usize, each: Duration, pin: &dyn Fn(u32)) -> Vec<Row>
         let contenders = vec![("distlock", call(ours)), ("raw", call(floor))];
         rows.extend(rounds("Cluster, 3 primaries", tasks, rounds_n, each, contenders).await);
     }
-    rows
+    eprintln!("scale-out: held locks on the cluster");
+    let held = crate::cluster_held::run(&cluster, &client).await;
+    (rows, held)
 }
 
 /// Every scale-out row, as a Markdown table (stdout), progress on stderr.
@@ -217,8 +220,9 @@ pub async fn run(rounds_n: usize, each: Duration, pin: &(dyn Fn(u32) + Sync)) ->
         rows.extend(redlock(n, rounds_n, each, pin).await);
     }
     eprintln!("scale-out: Redis Cluster");
-    rows.extend(cluster(rounds_n, each, pin).await);
-    report(&rows)
+    let (cluster_rows, held) = cluster(rounds_n, each, pin).await;
+    rows.extend(cluster_rows);
+    format!("{}\n{held}", report(&rows))
 }
 
 fn report(rows: &[Row]) -> String {

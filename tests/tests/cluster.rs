@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use distlock::{Client, LockError};
 use distlock_tests::cluster::RedisCluster;
-use distlock_tests::Fixture;
+use distlock_tests::monitor::{is_client_command, Monitor};
+use distlock_tests::{eventually, Fixture};
 use tokio::task::JoinSet;
 
 #[test]
@@ -117,4 +118,42 @@ async fn a_cluster_node_given_as_one_server_points_to_redis_cluster() {
         Err(LockError::InvalidConfig(message)) => assert!(message.contains("redis_cluster"), "{message}"),
         other => panic!("a cluster node was accepted as one server: {other:?}"),
     }
+}
+
+/// Renewals that come due together go to each node as one call, whatever their slots (RENEW_SPREAD), not one
+/// call per slot: a lock over 30 keys, spread over the three primaries and renewed together, renews on one
+/// primary with one script call per round for all of that primary's keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_due_renewals_share_one_call() {
+    let fx = Fixture::cluster().await;
+    let cluster = fx.redis_cluster().expect("cluster fixture");
+    let keys: Vec<String> = (0..30).map(|i| format!("spread-renew-{i}")).collect();
+    let records: Vec<String> = keys.iter().map(|k| fx.client().record_key(k)).collect();
+    let port = cluster.primary_for(&records[0]);
+    let here: Vec<String> =
+        records.iter().filter(|r| cluster.primary_for(r) == port).map(|r| format!("\"{r}\"")).collect();
+    assert!(here.len() >= 4, "too few of the keys on one primary: {}", here.len());
+    let node = cluster.node(port).expect("the primary");
+    let monitor = Monitor::start(node);
+    let mut conn = node.connection().await;
+    let guard = fx.client().lock_all(keys).ttl(Duration::from_millis(600)).acquire().await.expect("lock_all");
+    let from = monitor.mark(&mut conn, "held").await;
+    let renewals_of_first = |lines: &[String]| {
+        lines.iter().filter(|l| !is_client_command(l) && l.contains("\"pexpire\"") && l.contains(&here[0])).count()
+    };
+    eventually(Duration::from_secs(10), "three renewal rounds", || {
+        let rounds = renewals_of_first(&monitor.lines_since(from));
+        async move { rounds >= 3 }
+    })
+    .await;
+    let to = monitor.mark(&mut conn, "renewed").await;
+    assert!(!guard.is_lost(), "the lock was lost while renewed");
+    guard.release().await.expect("release");
+    let lines = &monitor.lines()[from..to];
+    let ours = |l: &&String| here.iter().any(|r| l.contains(r.as_str()));
+    let renewed = lines.iter().filter(|l| !is_client_command(l) && l.contains("\"pexpire\"")).filter(ours).count();
+    let calls = lines.iter().filter(|l| is_client_command(l) && l.contains("\"EVALSHA\"")).filter(ours).count();
+    assert!(renewed >= 3 * here.len(), "{renewed} renewals of {} keys", here.len());
+    // One call per round carries all of this node's keys; one call per slot would make calls == renewed.
+    assert!(calls * 2 < renewed, "{calls} script calls for {renewed} renewals:\n{}", monitor.tail(40));
 }

@@ -53,6 +53,7 @@ impl RedisBackend {
             replicas: settings.replicas,
             owner: settings.owner.into(),
             plain: false,
+            node_map: Default::default(),
         };
         backend.probe(settings.prefix).await?;
         Ok(backend)
@@ -92,8 +93,16 @@ impl RedisBackend {
         let link = Link::Cluster(link);
         subscriber.use_connection(link.clone());
         let (hot, owner) = (Hot::Direct(link.clone()), settings.owner.into());
-        let backend =
-            Self { server, commands: link, hot, subscriber, replicas: settings.replicas, owner, plain: false };
+        let backend = Self {
+            server,
+            commands: link,
+            hot,
+            subscriber,
+            replicas: settings.replicas,
+            owner,
+            plain: false,
+            node_map: Default::default(),
+        };
         backend.probe(settings.prefix).await?;
         Ok(backend)
     }
@@ -153,6 +162,7 @@ impl RedisBackend {
             replicas: settings.replicas,
             owner: settings.owner.into(),
             plain: false,
+            node_map: Default::default(),
         };
         backend.probe(settings.prefix).await?;
         Ok(backend)

@@ -21,6 +21,7 @@ use self::scripts::{LuaScript, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY,
 use self::subscriber::Subscriber;
 
 mod batch;
+mod cluster_renewal;
 mod config_errors;
 mod connect;
 mod link;
@@ -86,6 +87,8 @@ pub(crate) struct RedisBackend {
     owner: Arc<str>,
     /// Grants without a queue or a fencing token ([`Self::plain`]).
     plain: bool,
+    /// On a cluster, which node serves each slot, for renewals (cluster_renewal.rs).
+    node_map: cluster_renewal::NodeMap,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -109,7 +112,8 @@ impl RedisBackend {
         &self.server
     }
 
-    /// The renewals on a cluster: one RENEW_MANY call per slot (a call's keys must share one), all at once.
+    /// Renewals on a cluster, one RENEW_MANY call per slot (a call's keys must share one), all at once: those
+    /// that [`renew_on_cluster`](Self::renew_on_cluster)'s calls per node could not make.
     async fn renew_by_slot(&self, items: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
         let mut by_slot: std::collections::HashMap<redis::cluster_routing::Slot, Vec<usize>> = Default::default();
         for (i, item) in items.iter().enumerate() {
@@ -315,7 +319,7 @@ impl Store for RedisBackend {
     /// server lost its script cache, once more as EVAL.
     async fn renew_many(&self, items: &[Renewal<'_>]) -> Result<Vec<Result<bool, LockError>>, LockError> {
         if self.commands.is_cluster() {
-            return Ok(self.renew_by_slot(items).await);
+            return Ok(self.renew_on_cluster(items).await);
         }
         let pipeline = |by_source: bool| {
             let mut pipe = redis::pipe();

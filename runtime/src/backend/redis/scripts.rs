@@ -205,7 +205,7 @@ const CALL_FRAME: &str =
     "local call = table.remove(ARGV)\nlocal reply = (function()\n{body}end)()\nreturn {call, reply}\n";
 
 /// Every script.
-pub(super) fn all_scripts() -> [&'static LuaScript; 12] {
+pub(super) fn all_scripts() -> [&'static LuaScript; 13] {
     [
         &ACQUIRE,
         &ACQUIRE_PLAIN,
@@ -214,6 +214,7 @@ pub(super) fn all_scripts() -> [&'static LuaScript; 12] {
         &BATCH,
         &RENEW,
         &RENEW_MANY,
+        &RENEW_SPREAD,
         &WITHDRAW,
         &REMAINING,
         &INFO,
@@ -263,6 +264,7 @@ pub(super) static RELEASE: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include
 pub(super) static BATCH: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/batch.lua")));
 pub(super) static RENEW: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/renew.lua")));
 pub(super) static RENEW_MANY: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/renew_many.lua")));
+pub(super) static RENEW_SPREAD: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/renew_spread.lua")));
 pub(super) static WITHDRAW: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/withdraw.lua")));
 pub(super) static REMAINING: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/remaining.lua")));
 pub(super) static INFO: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/info.lua")));
@@ -275,7 +277,7 @@ mod tests {
     use crate::backend::{CHANNEL, FENCE, FENCE_REFRESH, FENCE_RETENTION};
 
     /// Every script, named; the same as [`all_scripts`], in its order.
-    fn all() -> [(&'static str, &'static LuaScript); 12] {
+    fn all() -> [(&'static str, &'static LuaScript); 13] {
         [
             ("acquire", &ACQUIRE),
             ("acquire_plain", &ACQUIRE_PLAIN),
@@ -284,6 +286,7 @@ mod tests {
             ("batch", &BATCH),
             ("renew", &RENEW),
             ("renew_many", &RENEW_MANY),
+            ("renew_spread", &RENEW_SPREAD),
             ("withdraw", &WITHDRAW),
             ("remaining", &REMAINING),
             ("info", &INFO),

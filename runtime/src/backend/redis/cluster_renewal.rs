@@ -1,0 +1,217 @@
+//! Renewals on a Redis Cluster: one call per node, not per slot.
+//!
+//! Locks spread over the cluster's 16 384 slots, so one RENEW_MANY call per slot (its declared keys must share
+//! one) was a call per lock or two: 100 000 held locks cost ~16 000 calls per renewal period. RENEW_SPREAD
+//! renews every due lock of one node in one call, its records passed in ARGV. Which node serves a slot comes
+//! from `CLUSTER SLOTS`, kept for [`NODE_MAP_AGE`]; a lock whose slot moved since fails alone in that call,
+//! and is renewed again by its slot's own call (which the cluster client redirects), the map then fetched anew.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::{Cmd, Value};
+use tokio::time::Instant;
+
+use super::scripts::RENEW_SPREAD;
+use super::{millis, renewal_results, send_script, RedisBackend, RENEWALS_PER_CALL};
+use crate::backend::Renewal;
+use crate::LockError;
+
+/// How long a fetched slot map is used before it is fetched again.
+const NODE_MAP_AGE: Duration = Duration::from_secs(5);
+const SLOTS: usize = 16_384;
+/// A slot no node serves in the map.
+const UNSERVED: u16 = u16::MAX;
+
+/// Which node serves each slot, as fetched at `at`: an index per slot ([`UNSERVED`] for none).
+#[derive(Default)]
+pub(super) struct NodeMap(Mutex<Option<(Instant, Arc<Vec<u16>>)>>);
+
+impl NodeMap {
+    fn current(&self) -> Option<Arc<Vec<u16>>> {
+        let map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        map.as_ref().filter(|(at, _)| at.elapsed() < NODE_MAP_AGE).map(|(_, nodes)| Arc::clone(nodes))
+    }
+
+    fn keep(&self, nodes: Arc<Vec<u16>>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), nodes));
+    }
+
+    fn forget(&self) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+}
+
+/// The node index of every slot in a `CLUSTER SLOTS` reply (`[start, end, [ip, port, ...], replicas...]` per
+/// range; nodes numbered by their primary's address), or `None` for a reply of another shape.
+fn node_map_of(reply: &Value) -> Option<Vec<u16>> {
+    let Value::Array(ranges) = reply else { return None };
+    let mut nodes = vec![UNSERVED; SLOTS];
+    let mut addresses: Vec<(Vec<u8>, i64)> = Vec::new();
+    for range in ranges {
+        let Value::Array(fields) = range else { return None };
+        let [Value::Int(start), Value::Int(end), Value::Array(primary), ..] = fields.as_slice() else { return None };
+        let [ip, Value::Int(port), ..] = primary.as_slice() else { return None };
+        let ip = match ip {
+            Value::BulkString(ip) => ip.clone(),
+            Value::SimpleString(ip) => ip.clone().into_bytes(),
+            _ => return None,
+        };
+        let address = (ip, *port);
+        let index = match addresses.iter().position(|a| *a == address) {
+            Some(i) => i,
+            None => {
+                addresses.push(address);
+                addresses.len() - 1
+            }
+        };
+        let (start, end) = (usize::try_from(*start).ok()?, usize::try_from(*end).ok()?);
+        nodes.get_mut(start..=end)?.fill(u16::try_from(index).ok()?);
+    }
+    Some(nodes)
+}
+
+/// The cluster slot of `key`: CRC16 (XMODEM) of its hash tag, modulo 16 384. Every record's hash tag is
+/// `{<escaped key>}`, its only braces (see `LockKeys`), so the tag is what lies between the first `{` and the
+/// `}` after it, as Redis takes it.
+fn slot_of(key: &str) -> usize {
+    let key = key.as_bytes();
+    let tag = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let close = key[open + 1..].iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &key[open + 1..open + 1 + close])
+    });
+    usize::from(crc16::State::<crc16::XMODEM>::calculate(tag.unwrap_or(key))) % SLOTS
+}
+
+impl RedisBackend {
+    /// The renewals on a cluster: one RENEW_SPREAD call per node (and per [`RENEWALS_PER_CALL`] locks), all
+    /// at once; the locks those calls could not renew (a slot moved, the map could not be fetched) go to one
+    /// RENEW_MANY call per slot.
+    pub(super) async fn renew_on_cluster(&self, items: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
+        let Some(first) = items.first() else { return Vec::new() };
+        let Some(nodes) = self.node_map(&first.keys.record).await else {
+            return self.renew_by_slot(items).await;
+        };
+        let mut by_node: HashMap<u16, Vec<usize>> = HashMap::new();
+        let mut unserved = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            match nodes[slot_of(&item.keys.record)] {
+                UNSERVED => unserved.push(i),
+                node => by_node.entry(node).or_default().push(i),
+            }
+        }
+        let calls = by_node
+            .into_values()
+            .flat_map(|indices| indices.chunks(RENEWALS_PER_CALL).map(<[usize]>::to_vec).collect::<Vec<_>>())
+            .map(|indices| self.renew_spread(items, indices));
+        let mut renewed: Vec<Option<Result<bool, LockError>>> = items.iter().map(|_| None).collect();
+        let mut again = unserved;
+        for (indices, results) in futures_util::future::join_all(calls).await {
+            for (i, result) in indices.into_iter().zip(results) {
+                match result {
+                    Ok(outcome) => renewed[i] = Some(Ok(outcome)),
+                    // Not this node's (any more), or the call failed: its slot's own call decides.
+                    Err(_) => again.push(i),
+                }
+            }
+        }
+        if !again.is_empty() {
+            self.node_map.forget();
+            let retry: Vec<Renewal<'_>> = again.iter().map(|&i| items[i]).collect();
+            for (i, result) in again.into_iter().zip(self.renew_by_slot(&retry).await) {
+                renewed[i] = Some(result);
+            }
+        }
+        renewed
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(LockError::InvalidConfig("renewal not sent".into()))))
+            .collect()
+    }
+
+    /// One RENEW_SPREAD call for `indices` (locks of one node), routed by the first one's record, then its
+    /// `WAIT` when replicas must acknowledge.
+    async fn renew_spread(
+        &self,
+        items: &[Renewal<'_>],
+        indices: Vec<usize>,
+    ) -> (Vec<usize>, Vec<Result<bool, LockError>>) {
+        let mut conn = self.commands.clone();
+        let reply: redis::RedisResult<Value> = send_script(&mut conn, |by_source| {
+            let mut cmd = Cmd::with_capacity(4 + 3 * indices.len(), 96 * indices.len());
+            if by_source {
+                cmd.arg("EVAL").arg(RENEW_SPREAD.source);
+            } else {
+                cmd.arg("EVALSHA").arg(&RENEW_SPREAD.sha);
+            }
+            cmd.arg(1).arg(&items[indices[0]].keys.record);
+            for &i in &indices {
+                cmd.arg(&items[i].keys.record).arg(items[i].token.as_str()).arg(millis(items[i].ttl));
+            }
+            cmd
+        })
+        .await;
+        let mut results = Vec::with_capacity(indices.len());
+        renewal_results(reply, indices.len(), &mut results);
+        let shortfall = match results.iter().any(|r| matches!(r, Ok(true))) {
+            true => self.replication_shortfall(&items[indices[0]].keys.record).await,
+            false => Ok(None),
+        };
+        let results = self.acknowledged(results, indices.iter().map(|&i| &items[i]), &shortfall);
+        (indices, results)
+    }
+
+    /// The slot map, fetched anew (`CLUSTER SLOTS` on `record`'s node) when older than [`NODE_MAP_AGE`];
+    /// `None` when it cannot be had.
+    async fn node_map(&self, record: &str) -> Option<Arc<Vec<u16>>> {
+        if let Some(nodes) = self.node_map.current() {
+            return Some(nodes);
+        }
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let reply: Value = self.commands.query_on_node_of(cmd, record).await.ok()?;
+        let nodes = Arc::new(node_map_of(&reply)?);
+        self.node_map.keep(Arc::clone(&nodes));
+        Some(nodes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(ip: &str, port: i64) -> Value {
+        Value::Array(vec![Value::BulkString(ip.into()), Value::Int(port), Value::BulkString(b"id".to_vec())])
+    }
+
+    /// The slots Redis gives these keys (`CLUSTER KEYSLOT`, redis-server 7.0).
+    #[test]
+    fn slots_are_the_servers() {
+        assert_eq!(slot_of("foo"), 12182);
+        assert_eq!(slot_of("{user1000}.following"), slot_of("{user1000}.followers"));
+        // The redis crate's own slot, for many keys, braces included (its number shows only in Debug).
+        for key in ["a", "distlock:{x}", "p:{{}}", "{}{a}", "{a}{b}", "x{", "}{y}", "{\u{e9}t\u{e9}}", "k:12345"] {
+            let crate_slot = format!("{:?}", redis::cluster_routing::Slot::for_key(key));
+            assert_eq!(crate_slot, format!("Slot({})", slot_of(key)), "{key}");
+        }
+        assert_eq!(slot_of("distlock:{report:42}"), slot_of("report:42"));
+        assert_eq!(slot_of("foo{bar}{zap}"), slot_of("bar"));
+    }
+
+    #[test]
+    fn a_slots_reply_maps_every_slot_to_its_primary() {
+        let reply = Value::Array(vec![
+            Value::Array(vec![Value::Int(0), Value::Int(5460), node("127.0.0.1", 7000), node("127.0.0.1", 7003)]),
+            Value::Array(vec![Value::Int(5461), Value::Int(10922), node("127.0.0.1", 7001)]),
+            Value::Array(vec![Value::Int(10923), Value::Int(16000), node("127.0.0.1", 7000)]),
+        ]);
+        let nodes = node_map_of(&reply).expect("a map");
+        assert_eq!((nodes[0], nodes[5460], nodes[5461], nodes[10922]), (0, 0, 1, 1));
+        assert_eq!((nodes[10923], nodes[16000]), (0, 0), "a second range of the first primary");
+        assert_eq!(nodes[16001], UNSERVED);
+        assert_eq!(node_map_of(&Value::Int(1)), None);
+        let out_of_range =
+            Value::Array(vec![Value::Array(vec![Value::Int(0), Value::Int(20000), node("127.0.0.1", 7000)])]);
+        assert_eq!(node_map_of(&out_of_range), None);
+    }
+}
