@@ -15,16 +15,20 @@ pub(crate) async fn client(args: &ServerArgs) -> Result<distlock::Client, Failur
     if urls.is_empty() {
         urls.push(std::env::var("REDIS_URL").ok().filter(|u| !u.trim().is_empty()).unwrap_or(DEFAULT_URL.into()));
     }
-    if args.password_stdin {
-        let password = read_password()?;
-        urls = urls.iter().map(|url| with_password(url, &password)).collect::<Result<_, _>>()?;
+    // Behind Sentinel the password is the primary's: the sentinels' go in their URLs.
+    let password = if args.password_stdin { Some(read_password()?) } else { None };
+    if let (Some(password), None) = (&password, &args.sentinel) {
+        urls = urls.iter().map(|url| with_password(url, password)).collect::<Result<_, _>>()?;
     }
     let builder = distlock::Client::builder()
         .key_prefix(args.prefix.clone())
         .connect_timeout(args.timeout)
         .response_timeout(args.timeout);
     let builder = match (&args.sentinel, args.cluster, args.redlock) {
-        (Some(service), ..) => builder.redis_sentinel(urls, service.clone()),
+        (Some(service), ..) => match password {
+            Some(password) => builder.redis_sentinel(urls, service.clone()).sentinel_primary_password(None, password),
+            None => builder.redis_sentinel(urls, service.clone()),
+        },
         (None, true, _) => builder.redis_cluster(urls),
         (None, false, true) => builder.redlock(urls),
         (None, false, false) => match <[String; 1]>::try_from(urls) {

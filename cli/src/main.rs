@@ -93,7 +93,7 @@ struct ServerArgs {
     #[arg(long, global = true, default_value = "distlock:", value_name = "PREFIX")]
     prefix: String,
     /// Reads the password from the first line of standard input (instead of putting it in the URL, where
-    /// the process list shows it).
+    /// the process list shows it). With --sentinel it is the primary's (give the sentinels' in their URLs).
     #[arg(long, global = true)]
     password_stdin: bool,
     /// The URLs are seeds of a Redis Cluster: every primary is scanned.

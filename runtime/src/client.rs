@@ -218,6 +218,20 @@ pub struct ClientBuilder {
     timeouts: Timeouts,
     allow_insecure_tls: bool,
     replicas: Option<ReplicaAcks>,
+    sentinel_primary: Option<PrimaryAuth>,
+}
+
+/// The credentials of the primary behind Sentinel: `Debug` shows no password.
+#[derive(Clone)]
+pub(crate) struct PrimaryAuth {
+    pub(crate) username: Option<String>,
+    pub(crate) password: String,
+}
+
+impl std::fmt::Debug for PrimaryAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrimaryAuth").field("username", &self.username).field("password", &"***").finish()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -249,6 +263,7 @@ impl Default for ClientBuilder {
             timeouts: Timeouts { connect: Duration::from_secs(2), response: Duration::from_secs(2) },
             allow_insecure_tls: false,
             replicas: None,
+            sentinel_primary: None,
         }
     }
 }
@@ -302,6 +317,25 @@ impl ClientBuilder {
     ) -> Self {
         self.store =
             StoreChoice::RedisSentinel(sentinels.into_iter().map(|s| RedisUrl(s.into())).collect(), service.into());
+        self
+    }
+
+    /// The password (and ACL user, if any) of the data nodes behind [`redis_sentinel`](Self::redis_sentinel),
+    /// when they need one: the sentinels' URLs authenticate to the sentinels only, and the primary the
+    /// sentinels name (now and after a failover) is reached with these. Only with `redis_sentinel`.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// let password = std::env::var("REDIS_PASSWORD").unwrap_or_default();
+    /// let client = distlock::Client::builder()
+    ///     .redis_sentinel(["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/", "redis://10.0.0.3:26379/"], "locks")
+    ///     .sentinel_primary_password(None, password)
+    ///     .build()
+    ///     .await?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn sentinel_primary_password(mut self, username: Option<&str>, password: impl Into<String>) -> Self {
+        self.sentinel_primary = Some(PrimaryAuth { username: username.map(str::to_owned), password: password.into() });
         self
     }
 
@@ -422,6 +456,13 @@ impl ClientBuilder {
             allow_insecure_tls: self.allow_insecure_tls,
             replicas: self.replicas,
         };
+        if self.sentinel_primary.is_some() && !matches!(self.store, StoreChoice::RedisSentinel(..)) {
+            return Err(LockError::InvalidConfig(
+                "sentinel_primary_password applies to redis_sentinel only: give other servers' passwords in their \
+                 URLs (redis://:PASSWORD@HOST:PORT/)"
+                    .into(),
+            ));
+        }
         let backend = match self.store {
             StoreChoice::Unset => {
                 return Err(LockError::InvalidConfig(
@@ -437,7 +478,8 @@ impl ClientBuilder {
             }
             StoreChoice::RedisSentinel(sentinels, service) => {
                 let sentinels: Vec<String> = sentinels.into_iter().map(|RedisUrl(url)| url).collect();
-                Backend::Redis(RedisBackend::connect_sentinel(&sentinels, &service, settings).await?)
+                let primary = self.sentinel_primary.as_ref();
+                Backend::Redis(RedisBackend::connect_sentinel(&sentinels, &service, primary, settings).await?)
             }
             StoreChoice::Redlock(servers) => {
                 let servers: Vec<String> = servers.into_iter().map(|RedisUrl(url)| url).collect();

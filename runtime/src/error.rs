@@ -195,12 +195,24 @@ impl BackendError {
     }
 }
 
+/// How a Sentinel store names itself in messages: "service `<name>` via sentinels <urls>".
+pub(crate) const SENTINEL_SERVICE: &str = "service `";
+
+fn is_auth_error(e: &redis::RedisError) -> bool {
+    e.code() == Some("NOAUTH")
+        || e.code() == Some("WRONGPASS")
+        || e.to_string().contains("NOAUTH")
+        || matches!(e.kind(), redis::ErrorKind::AuthenticationFailed)
+}
+
 /// What to do about `e`, a failure talking to `server`.
 fn hint_for(e: &redis::RedisError, server: &str) -> String {
     let hint = if e.is_timeout() {
         "the server did not answer within the response timeout: check that it is up and not overloaded, or raise ClientBuilder::response_timeout"
     } else if e.is_connection_refusal() || e.is_io_error() {
         "could not reach the server: check that redis-server is running and the URL (host, port, TLS) is right"
+    } else if server.starts_with(SENTINEL_SERVICE) && is_auth_error(e) {
+        "the primary or the sentinels require a password (or refused the one given): give the sentinels' in their URLs (redis://:PASSWORD@HOST:PORT/), the primary's with ClientBuilder::sentinel_primary_password"
     } else if e.code() == Some("NOAUTH") || e.to_string().contains("NOAUTH") {
         "the server requires a password: give it in the URL, redis://:PASSWORD@HOST:PORT/ (the default user) or redis://USER:PASSWORD@HOST:PORT/ (an ACL user), with special characters percent-encoded"
     } else if matches!(e.kind(), redis::ErrorKind::AuthenticationFailed) || e.code() == Some("WRONGPASS") {

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use distlock::Client;
-use distlock_tests::eventually;
 use distlock_tests::sentinel::{SentinelGroup, SERVICE};
+use distlock_tests::{eventually, RedisServer};
 use tokio::time::Instant;
 
 async fn client(group: &SentinelGroup) -> Client {
@@ -91,4 +91,54 @@ async fn an_unknown_service_name_is_a_clear_error() {
         }
         other => panic!("an unknown service was accepted: {other:?}"),
     }
+}
+
+/// A primary that requires a password, behind a sentinel that does not: the sentinels' URLs carry no password,
+/// the primary's is given with `sentinel_primary_password`. Without it the error says where it goes; with it
+/// locks work; no message or `Debug` shows it; and it is refused beside any other store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_that_needs_a_password_is_reached_with_sentinel_primary_password() {
+    const PASSWORD: &str = "pr1mary-s3cret";
+    let primary = RedisServer::with_password(PASSWORD);
+    let sentinel = RedisServer::sentinel(primary.port(), "guarded", 1);
+    let mut conn = sentinel.connection().await;
+    let _: () = redis::cmd("SENTINEL")
+        .arg("SET")
+        .arg("guarded")
+        .arg("auth-pass")
+        .arg(PASSWORD)
+        .query_async(&mut conn)
+        .await
+        .expect("SENTINEL SET auth-pass");
+    let sentinels = vec![sentinel.url()];
+
+    let refused =
+        Client::builder().redis_sentinel(sentinels.clone(), "guarded").build().await.expect_err("no password");
+    let message = refused.to_string();
+    assert!(message.contains("sentinel_primary_password"), "{message}");
+
+    let builder =
+        Client::builder().redis_sentinel(sentinels.clone(), "guarded").sentinel_primary_password(None, PASSWORD);
+    assert!(!format!("{builder:?}").contains(PASSWORD), "{builder:?}");
+    let client = builder.build().await.expect("client with the primary's password");
+    let guard = client.lock("guarded-key").acquire().await.expect("a lock on the guarded primary");
+    guard.release().await.expect("release");
+
+    let wrong = Client::builder()
+        .redis_sentinel(sentinels.clone(), "guarded")
+        .sentinel_primary_password(None, "not-it")
+        .build()
+        .await
+        .expect_err("a wrong password");
+    assert!(!wrong.to_string().contains("not-it"), "{wrong}");
+    assert!(wrong.to_string().contains("sentinel_primary_password"), "{wrong}");
+
+    let elsewhere = Client::builder()
+        .redis(primary.url())
+        .sentinel_primary_password(None, PASSWORD)
+        .build()
+        .await
+        .expect_err("not sentinel");
+    assert!(matches!(elsewhere, distlock::LockError::InvalidConfig(_)), "{elsewhere:?}");
+    assert!(!elsewhere.to_string().contains(PASSWORD), "{elsewhere}");
 }

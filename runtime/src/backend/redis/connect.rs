@@ -16,7 +16,7 @@ use super::scripts::{self, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY};
 use super::subscriber::Subscriber;
 use super::{timeout_error, ConnectSettings, Hot, RedisBackend, Timeouts};
 use crate::backend::{Attempt, LockKeys, Queueing, Store, PROBE_NAME_PREFIX};
-use crate::error::{redact_url, BackendError};
+use crate::error::{redact_url, BackendError, SENTINEL_SERVICE};
 use crate::{LockError, LockToken};
 
 impl RedisBackend {
@@ -114,15 +114,23 @@ impl RedisBackend {
     pub(crate) async fn connect_sentinel(
         sentinels: &[String],
         service: &str,
+        primary: Option<&crate::client::PrimaryAuth>,
         settings: ConnectSettings<'_>,
     ) -> Result<Self, LockError> {
         use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
         let timeouts = settings.timeouts;
         let (infos, listed) = connection_infos(sentinels, "redis_sentinel needs at least one sentinel URL", &settings)?;
-        let server = format!("service `{service}` via sentinels {listed}");
+        let server = format!("{SENTINEL_SERVICE}{service}` via sentinels {listed}");
         // The primary is spoken to in RESP3, so the one connection also receives the release announcements.
+        let mut primary_info = redis::RedisConnectionInfo::default().set_protocol(ProtocolVersion::RESP3);
+        if let Some(auth) = primary {
+            primary_info = primary_info.set_password(&auth.password);
+            if let Some(username) = &auth.username {
+                primary_info = primary_info.set_username(username);
+            }
+        }
         let node = SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(redis::RedisConnectionInfo::default().set_protocol(ProtocolVersion::RESP3))
+            .set_redis_connection_info(primary_info)
             .set_tcp_settings(TcpSettings::default().set_nodelay(true));
         // An owned name: what `build` takes without the redis crate's TLS feature (with it, any `AsRef<str>`).
         let name = String::from(service);
