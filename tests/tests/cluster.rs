@@ -157,3 +157,36 @@ async fn a_nodes_due_renewals_share_one_call() {
     // One call per round carries all of this node's keys; one call per slot would make calls == renewed.
     assert!(calls * 2 < renewed, "{calls} script calls for {renewed} renewals:\n{}", monitor.tail(40));
 }
+
+/// Under load, the acquires and releases of one node share calls whatever their slots (a coalescer per node,
+/// BATCH_SPREAD): 64 tasks cycling on keys of their own, spread over the primaries, and one primary's
+/// MONITOR shows calls that carry several of those locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_acquires_and_releases_share_calls_under_load() {
+    let fx = Fixture::cluster().await;
+    let cluster = fx.redis_cluster().expect("cluster fixture");
+    let record = fx.client().record_key("node-batch-0");
+    let node = cluster.node(cluster.primary_for(&record)).expect("the primary");
+    let monitor = Monitor::start(node);
+    let prefix = record.trim_end_matches("0}").to_owned();
+    let mut tasks = JoinSet::new();
+    for task in 0..64 {
+        let client = fx.client().clone();
+        tasks.spawn(async move {
+            for _ in 0..40 {
+                let guard = client.lock(format!("node-batch-{task}")).acquire().await?;
+                guard.release().await?;
+            }
+            Ok::<(), LockError>(())
+        });
+    }
+    while let Some(result) = tasks.join_next().await {
+        result.expect("task").expect("lock cycle");
+    }
+    let lines = monitor.lines();
+    let calls: Vec<&String> = lines.iter().filter(|l| is_client_command(l) && l.contains("\"EVALSHA\"")).collect();
+    // KEYS[1] repeats the first record, so a call for several locks names the prefix at least three times.
+    let shared = calls.iter().filter(|l| l.matches(prefix.as_str()).count() >= 3).count();
+    eprintln!("{} calls on one primary, {shared} of them for several locks", calls.len());
+    assert!(shared > 0, "no call carried several locks:\n{}", monitor.tail(20));
+}

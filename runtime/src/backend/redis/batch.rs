@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use super::scripts::record::write_holder;
 use super::scripts::reply::FAILED;
-use super::scripts::{LuaScript, ACQUIRE, ACQUIRE_PLAIN, BATCH, RELEASE};
+use super::scripts::{LuaScript, ACQUIRE, ACQUIRE_PLAIN, BATCH, BATCH_SPREAD, RELEASE};
 use super::window::Window;
 use super::{failed_in_script, send_script, unexpected_reply};
 use crate::LockToken;
@@ -35,7 +35,7 @@ const MAX_OPS: usize = 64;
 
 /// An acquire or release, with everything its script needs. Borrowed while its caller sends it; owned
 /// only once it has to wait in the queue.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) enum Op<'a> {
     /// ARGV of [`ACQUIRE`]: token, ttl ms, holder (owner and metadata), register ms (0: do not queue),
     /// hand-over lease ms.
@@ -75,7 +75,7 @@ impl Op<'_> {
         }
     }
 
-    fn record(&self) -> &str {
+    pub(super) fn record(&self) -> &str {
         match self {
             Op::Acquire { record, .. } | Op::Release { record, .. } => record,
         }
@@ -340,6 +340,27 @@ pub(super) fn command(ops: &[Op<'_>], by_source: bool) -> Cmd {
     }
     if batched {
         cmd.arg(ops.iter().map(Op::letter).collect::<String>());
+    }
+    for op in ops {
+        op.write_args(&mut cmd);
+    }
+    cmd
+}
+
+/// The script call for `ops`, all served by one cluster node whatever their slots: as [`command`] for one,
+/// [`BATCH_SPREAD`] for several (the records in ARGV; the first also as KEYS[1], which routes the call).
+pub(super) fn command_spread(ops: &[Op<'_>], by_source: bool) -> Cmd {
+    let [first, _, ..] = ops else { return command(ops, by_source) };
+    let mut cmd = Cmd::with_capacity(5 + ops.len() * 6, 96 + 128 * ops.len());
+    if by_source {
+        cmd.arg("EVAL").arg(BATCH_SPREAD.source);
+    } else {
+        cmd.arg("EVALSHA").arg(&BATCH_SPREAD.sha);
+    }
+    cmd.arg(1).arg(first.record());
+    cmd.arg(ops.iter().map(Op::letter).collect::<String>());
+    for op in ops {
+        cmd.arg(op.record());
     }
     for op in ops {
         op.write_args(&mut cmd);

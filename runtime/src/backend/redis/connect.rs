@@ -10,6 +10,7 @@ use redis::io::tcp::TcpSettings;
 use redis::{IntoConnectionInfo, ProtocolVersion};
 
 use super::batch::Coalescer;
+use super::cluster_nodes::{NodeMap, PerNode};
 use super::config_errors::{database_error, url_error};
 use super::link::{self, Link, Rebuilding};
 use super::scripts::{self, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY};
@@ -92,7 +93,8 @@ impl RedisBackend {
         link.on_rebuilt(subscriber.after_reconnect());
         let link = Link::Cluster(link);
         subscriber.use_connection(link.clone());
-        let (hot, owner) = (Hot::Direct(link.clone()), settings.owner.into());
+        let node_map = Arc::<NodeMap>::default();
+        let (hot, owner) = (Hot::PerNode(PerNode::new(link.clone(), Arc::clone(&node_map))), settings.owner.into());
         let backend = Self {
             server,
             commands: link,
@@ -101,7 +103,7 @@ impl RedisBackend {
             replicas: settings.replicas,
             owner,
             plain: false,
-            node_map: Default::default(),
+            node_map,
         };
         backend.probe(settings.prefix).await?;
         Ok(backend)

@@ -21,7 +21,7 @@ use self::scripts::{LuaScript, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY,
 use self::subscriber::Subscriber;
 
 mod batch;
-mod cluster_renewal;
+mod cluster_nodes;
 mod config_errors;
 mod connect;
 mod link;
@@ -63,14 +63,15 @@ pub(crate) struct Timeouts {
 /// on a cluster, each in its own call (a call's keys must share one slot, and concurrent operations rarely do).
 enum Hot {
     Coalesced(Arc<Coalescer<Link>>),
-    Direct(Link),
+    /// A cluster's: a coalescer per node.
+    PerNode(cluster_nodes::PerNode),
 }
 
 impl Hot {
     async fn run(&self, op: Op<'_>) -> Reply {
         match self {
             Hot::Coalesced(coalescer) => coalescer.run(op).await,
-            Hot::Direct(conn) => batch::call_one(conn, &op).await,
+            Hot::PerNode(nodes) => nodes.run(op).await,
         }
     }
 }
@@ -87,8 +88,8 @@ pub(crate) struct RedisBackend {
     owner: Arc<str>,
     /// Grants without a queue or a fencing token ([`Self::plain`]).
     plain: bool,
-    /// On a cluster, which node serves each slot, for renewals (cluster_renewal.rs).
-    node_map: cluster_renewal::NodeMap,
+    /// On a cluster, which node serves each slot (cluster_nodes.rs).
+    node_map: Arc<cluster_nodes::NodeMap>,
 }
 
 impl std::fmt::Debug for RedisBackend {

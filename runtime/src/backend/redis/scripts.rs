@@ -205,13 +205,14 @@ const CALL_FRAME: &str =
     "local call = table.remove(ARGV)\nlocal reply = (function()\n{body}end)()\nreturn {call, reply}\n";
 
 /// Every script.
-pub(super) fn all_scripts() -> [&'static LuaScript; 13] {
+pub(super) fn all_scripts() -> [&'static LuaScript; 14] {
     [
         &ACQUIRE,
         &ACQUIRE_PLAIN,
         &ACQUIRE_ALL,
         &RELEASE,
         &BATCH,
+        &BATCH_SPREAD,
         &RENEW,
         &RENEW_MANY,
         &RENEW_SPREAD,
@@ -224,7 +225,7 @@ pub(super) fn all_scripts() -> [&'static LuaScript; 13] {
 }
 
 /// The files scripts include, by name.
-const SHARED: [(&str, &str); 8] = [
+const SHARED: [(&str, &str); 9] = [
     ("record", include_str!("lua/record.lua")),
     ("fence", include_str!("lua/fence.lua")),
     ("hand_over", include_str!("lua/hand_over.lua")),
@@ -233,6 +234,7 @@ const SHARED: [(&str, &str); 8] = [
     ("acquire_plain_fn", include_str!("lua/acquire_plain_fn.lua")),
     ("release_fn", include_str!("lua/release_fn.lua")),
     ("renew_fn", include_str!("lua/renew_fn.lua")),
+    ("batch_fn", include_str!("lua/batch_fn.lua")),
 ];
 
 const INCLUDE: &str = "-- #include ";
@@ -262,6 +264,7 @@ pub(super) static ACQUIRE_PLAIN: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(i
 pub(super) static ACQUIRE_ALL: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/acquire_all.lua")));
 pub(super) static RELEASE: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/release.lua")));
 pub(super) static BATCH: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/batch.lua")));
+pub(super) static BATCH_SPREAD: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/batch_spread.lua")));
 pub(super) static RENEW: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/renew.lua")));
 pub(super) static RENEW_MANY: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/renew_many.lua")));
 pub(super) static RENEW_SPREAD: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include_str!("lua/renew_spread.lua")));
@@ -277,13 +280,14 @@ mod tests {
     use crate::backend::{CHANNEL, FENCE, FENCE_REFRESH, FENCE_RETENTION};
 
     /// Every script, named; the same as [`all_scripts`], in its order.
-    fn all() -> [(&'static str, &'static LuaScript); 13] {
+    fn all() -> [(&'static str, &'static LuaScript); 14] {
         [
             ("acquire", &ACQUIRE),
             ("acquire_plain", &ACQUIRE_PLAIN),
             ("acquire_all", &ACQUIRE_ALL),
             ("release", &RELEASE),
             ("batch", &BATCH),
+            ("batch_spread", &BATCH_SPREAD),
             ("renew", &RENEW),
             ("renew_many", &RENEW_MANY),
             ("renew_spread", &RENEW_SPREAD),

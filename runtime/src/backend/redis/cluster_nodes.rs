@@ -1,20 +1,25 @@
-//! Renewals on a Redis Cluster: one call per node, not per slot.
+//! A Redis Cluster's nodes: the calls that serve many locks go to each node as one call, not one per slot.
 //!
-//! Locks spread over the cluster's 16 384 slots, so one RENEW_MANY call per slot (its declared keys must share
-//! one) was a call per lock or two: 100 000 held locks cost ~16 000 calls per renewal period. RENEW_SPREAD
-//! renews every due lock of one node in one call, its records passed in ARGV. Which node serves a slot comes
-//! from `CLUSTER SLOTS`, kept for [`NODE_MAP_AGE`]; a lock whose slot moved since fails alone in that call,
-//! and is renewed again by its slot's own call (which the cluster client redirects), the map then fetched anew.
+//! Locks spread over the cluster's 16 384 slots, and a script's declared keys must share one slot, so one call
+//! per slot was a call per lock or two. Here the records travel in ARGV (a script without flags may reach keys
+//! of any slot its node serves) and one declared key routes the call: RENEW_SPREAD renews every due lock of a
+//! node in one call, and each node has a coalescer of its own whose calls are BATCH_SPREAD (acquires and
+//! releases). Which node serves a slot comes from `CLUSTER SLOTS`, fetched again after [`NODE_MAP_AGE`]; an
+//! operation whose slot moved since fails alone in that call, before writing anything, and goes again in a
+//! call of its own (which the cluster client redirects), the map then fetched anew.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use redis::{Cmd, Value};
 use tokio::time::Instant;
 
+use super::batch::{call_one, command_spread, Coalescer, Op, Reply, Transport};
+use super::link::Link;
 use super::scripts::RENEW_SPREAD;
-use super::{millis, renewal_results, send_script, RedisBackend, RENEWALS_PER_CALL};
+use super::{is_cluster_in_flux, millis, renewal_results, send_script, RedisBackend, RENEWALS_PER_CALL};
 use crate::backend::Renewal;
 use crate::LockError;
 
@@ -24,23 +29,43 @@ const SLOTS: usize = 16_384;
 /// A slot no node serves in the map.
 const UNSERVED: u16 = u16::MAX;
 
-/// Which node serves each slot, as fetched at `at`: an index per slot ([`UNSERVED`] for none).
+/// Which node serves each slot (an index per slot, [`UNSERVED`] for none), as fetched at some instant.
 #[derive(Default)]
-pub(super) struct NodeMap(Mutex<Option<(Instant, Arc<Vec<u16>>)>>);
+pub(super) struct NodeMap {
+    map: Mutex<Option<(Instant, Arc<Vec<u16>>)>>,
+    /// A caller is fetching a fresh map: the others use the last one meanwhile.
+    fetching: AtomicBool,
+}
 
 impl NodeMap {
-    fn current(&self) -> Option<Arc<Vec<u16>>> {
-        let map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        map.as_ref().filter(|(at, _)| at.elapsed() < NODE_MAP_AGE).map(|(_, nodes)| Arc::clone(nodes))
+    /// The map: the last one fetched, after fetching a fresh one first (through `link`, on `record`'s node)
+    /// if it is older than [`NODE_MAP_AGE`] and no other caller is at it. `None` when there is none.
+    async fn get(&self, link: &Link, record: &str) -> Option<Arc<Vec<u16>>> {
+        let last = self.map.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let fresh = last.as_ref().is_some_and(|(at, _)| at.elapsed() < NODE_MAP_AGE);
+        if !fresh && !self.fetching.swap(true, Ordering::AcqRel) {
+            let fetched = fetch_node_map(link, record).await;
+            self.fetching.store(false, Ordering::Release);
+            if let Some(nodes) = fetched {
+                *self.map.lock().unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), Arc::clone(&nodes)));
+                return Some(nodes);
+            }
+        }
+        last.map(|(_, nodes)| nodes)
     }
 
-    fn keep(&self, nodes: Arc<Vec<u16>>) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), nodes));
-    }
-
+    /// A slot moved: the next caller fetches the map again.
     fn forget(&self) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        *self.map.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
+}
+
+/// `CLUSTER SLOTS`, asked of `record`'s node, as a map; `None` if it fails.
+async fn fetch_node_map(link: &Link, record: &str) -> Option<Arc<Vec<u16>>> {
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg("SLOTS");
+    let reply: Value = link.query_on_node_of(cmd, record).await.ok()?;
+    node_map_of(&reply).map(Arc::new)
 }
 
 /// The node index of every slot in a `CLUSTER SLOTS` reply (`[start, end, [ip, port, ...], replicas...]` per
@@ -90,7 +115,7 @@ impl RedisBackend {
     /// RENEW_MANY call per slot.
     pub(super) async fn renew_on_cluster(&self, items: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
         let Some(first) = items.first() else { return Vec::new() };
-        let Some(nodes) = self.node_map(&first.keys.record).await else {
+        let Some(nodes) = self.node_map.get(&self.commands, &first.keys.record).await else {
             return self.renew_by_slot(items).await;
         };
         let mut by_node: HashMap<u16, Vec<usize>> = HashMap::new();
@@ -160,19 +185,51 @@ impl RedisBackend {
         let results = self.acknowledged(results, indices.iter().map(|&i| &items[i]), &shortfall);
         (indices, results)
     }
+}
 
-    /// The slot map, fetched anew (`CLUSTER SLOTS` on `record`'s node) when older than [`NODE_MAP_AGE`];
-    /// `None` when it cannot be had.
-    async fn node_map(&self, record: &str) -> Option<Arc<Vec<u16>>> {
-        if let Some(nodes) = self.node_map.current() {
-            return Some(nodes);
+/// The cluster connection as one node's transport: its calls are BATCH_SPREAD, routed by their first record.
+pub(super) struct NodeLink(Link);
+
+impl Transport for NodeLink {
+    async fn call(&self, ops: &[Op<'_>]) -> redis::RedisResult<Value> {
+        send_script(&mut self.0.clone(), |by_source| command_spread(ops, by_source)).await
+    }
+}
+
+/// Acquires and releases on a cluster: a coalescer per node, as one server has one.
+pub(super) struct PerNode {
+    link: Link,
+    nodes: Arc<NodeMap>,
+    coalescers: Mutex<HashMap<u16, Arc<Coalescer<NodeLink>>>>,
+}
+
+impl PerNode {
+    pub(super) fn new(link: Link, nodes: Arc<NodeMap>) -> Self {
+        Self { link, nodes, coalescers: Mutex::default() }
+    }
+
+    /// Runs `op` through its node's coalescer; in a call of its own when the slot map is not known, or when
+    /// the node's call found the record elsewhere (the slot moved; nothing was written for it).
+    pub(super) async fn run(&self, op: Op<'_>) -> Reply {
+        let Some(nodes) = self.nodes.get(&self.link, op.record()).await else {
+            return call_one(&self.link, &op).await;
+        };
+        let node = nodes[slot_of(op.record())];
+        if node == UNSERVED {
+            return call_one(&self.link, &op).await;
         }
-        let mut cmd = redis::cmd("CLUSTER");
-        cmd.arg("SLOTS");
-        let reply: Value = self.commands.query_on_node_of(cmd, record).await.ok()?;
-        let nodes = Arc::new(node_map_of(&reply)?);
-        self.node_map.keep(Arc::clone(&nodes));
-        Some(nodes)
+        let coalescer = {
+            let mut coalescers = self.coalescers.lock().unwrap_or_else(PoisonError::into_inner);
+            let made = coalescers.entry(node).or_insert_with(|| Coalescer::new(NodeLink(self.link.clone())));
+            Arc::clone(made)
+        };
+        match coalescer.run(op.clone()).await {
+            Err(e) if is_cluster_in_flux(&e) => {
+                self.nodes.forget();
+                call_one(&self.link, &op).await
+            }
+            reply => reply,
+        }
     }
 }
 

@@ -1,0 +1,20 @@
+-- BATCH_SPREAD: BATCH for the operations of one Redis Cluster node, whatever their slots (BATCH's declared
+-- keys must share one slot).
+-- KEYS[1]: one of the records; it routes the call to the node serving its slot. The records themselves come in
+--   ARGV: a script without flags may reach keys of any slot its node serves (each lock's keys share its
+--   record's slot, see acquire.lua). An operation whose record the node does not serve (its slot moved) fails
+--   alone, before writing anything, and the client sends it again in a call of its own.
+-- ARGV[1]: one letter per operation, as BATCH's; then each operation's record, in order; then the operations'
+--   arguments as BATCH takes them.
+-- Reply: as BATCH's.
+-- #include record fence hand_over queue acquire_fn acquire_plain_fn release_fn
+local function release_op(R, token, keep)
+  return release(R, token, keep, redis.call('get', R))
+end
+-- #include batch_fn
+local n = #ARGV[1]
+local records = {}
+for i = 1, n do
+  records[i] = ARGV[i + 1]
+end
+return run_batch(records, ARGV[1], n + 2)
