@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::batch::{call_one, command_spread, Coalescer, Op, Reply, Transport};
 use super::link::Link;
 use super::scripts::RENEW_SPREAD;
-use super::{is_cluster_in_flux, millis, renewal_results, send_script, RedisBackend, RENEWALS_PER_CALL};
+use super::{is_cluster_in_flux, millis, send_script, RedisBackend, RENEWALS_PER_CALL};
 use crate::backend::Renewal;
 use crate::LockError;
 
@@ -154,15 +154,13 @@ impl RedisBackend {
             .collect()
     }
 
-    /// One RENEW_SPREAD call for `indices` (locks of one node), routed by the first one's record, then its
-    /// `WAIT` when replicas must acknowledge.
+    /// One RENEW_SPREAD call for `indices` (locks of one node), routed by the first one's record.
     async fn renew_spread(
         &self,
         items: &[Renewal<'_>],
         indices: Vec<usize>,
     ) -> (Vec<usize>, Vec<Result<bool, LockError>>) {
-        let mut conn = self.commands.clone();
-        let reply: redis::RedisResult<Value> = send_script(&mut conn, |by_source| {
+        self.renewal_call(items, indices, |indices, by_source| {
             let mut cmd = Cmd::with_capacity(4 + 3 * indices.len(), 96 * indices.len());
             if by_source {
                 cmd.arg("EVAL").arg(RENEW_SPREAD.source);
@@ -170,20 +168,12 @@ impl RedisBackend {
                 cmd.arg("EVALSHA").arg(&RENEW_SPREAD.sha);
             }
             cmd.arg(1).arg(&items[indices[0]].keys.record);
-            for &i in &indices {
+            for &i in indices {
                 cmd.arg(&items[i].keys.record).arg(items[i].token.as_str()).arg(millis(items[i].ttl));
             }
             cmd
         })
-        .await;
-        let mut results = Vec::with_capacity(indices.len());
-        renewal_results(reply, indices.len(), &mut results);
-        let shortfall = match results.iter().any(|r| matches!(r, Ok(true))) {
-            true => self.replication_shortfall(&items[indices[0]].keys.record).await,
-            false => Ok(None),
-        };
-        let results = self.acknowledged(results, indices.iter().map(|&i| &items[i]), &shortfall);
-        (indices, results)
+        .await
     }
 }
 

@@ -46,18 +46,7 @@ impl RedisBackend {
         let subscriber = Subscriber::new(resp3, timeouts);
         let commands = Link::One(commands);
         let hot = Hot::Coalesced(Coalescer::new(commands.clone()));
-        let backend = Self {
-            server,
-            commands,
-            hot,
-            subscriber,
-            replicas: settings.replicas,
-            owner: settings.owner.into(),
-            plain: false,
-            node_map: Default::default(),
-        };
-        backend.probe(settings.prefix).await?;
-        Ok(backend)
+        Self::checked(server, commands, hot, subscriber, Default::default(), settings).await
     }
 
     /// Connects to a Redis Cluster through `seeds` (any of its nodes) and checks it as [`connect`](Self::connect)
@@ -94,19 +83,8 @@ impl RedisBackend {
         let link = Link::Cluster(link);
         subscriber.use_connection(link.clone());
         let node_map = Arc::<NodeMap>::default();
-        let (hot, owner) = (Hot::PerNode(PerNode::new(link.clone(), Arc::clone(&node_map))), settings.owner.into());
-        let backend = Self {
-            server,
-            commands: link,
-            hot,
-            subscriber,
-            replicas: settings.replicas,
-            owner,
-            plain: false,
-            node_map,
-        };
-        backend.probe(settings.prefix).await?;
-        Ok(backend)
+        let hot = Hot::PerNode(PerNode::new(link.clone(), Arc::clone(&node_map)));
+        Self::checked(server, link, hot, subscriber, node_map, settings).await
     }
 
     /// Connects to the primary that the sentinels at `sentinels` name for `service`, and follows it: when it
@@ -164,22 +142,26 @@ impl RedisBackend {
         let link = Link::Sentinel(link);
         subscriber.use_connection(link.clone());
         let hot = Hot::Coalesced(Coalescer::new(link.clone()));
-        let backend = Self {
-            server,
-            commands: link,
-            hot,
-            subscriber,
-            replicas: settings.replicas,
-            owner: settings.owner.into(),
-            plain: false,
-            node_map: Default::default(),
-        };
-        backend.probe(settings.prefix).await?;
-        Ok(backend)
+        Self::checked(server, link, hot, subscriber, Default::default(), settings).await
     }
 
     /// Takes and gives back a probe lock, so a missing ACL right or a cluster address fails at startup with an
     /// explanation instead of at the first real lock; warns when Redis may evict lock records.
+    /// The backend made of these parts, once [`probe`](Self::probe) passed.
+    async fn checked(
+        server: String,
+        commands: Link,
+        hot: Hot,
+        subscriber: Subscriber,
+        node_map: Arc<NodeMap>,
+        settings: ConnectSettings<'_>,
+    ) -> Result<Self, LockError> {
+        let (replicas, owner) = (settings.replicas, settings.owner.into());
+        let backend = Self { server, commands, hot, subscriber, replicas, owner, plain: false, node_map };
+        backend.probe(settings.prefix).await?;
+        Ok(backend)
+    }
+
     async fn probe(&self, prefix: &str) -> Result<(), LockError> {
         let mut conn = self.commands.clone();
         let cluster: Option<String> = redis::cmd("INFO").arg("cluster").query_async(&mut conn).await.ok();

@@ -123,9 +123,8 @@ impl RedisBackend {
         let calls = by_slot
             .into_values()
             .flat_map(|indices| indices.chunks(RENEWALS_PER_CALL).map(<[usize]>::to_vec).collect::<Vec<_>>());
-        let calls = calls.map(|indices| async move {
-            let mut conn = self.commands.clone();
-            let reply: redis::RedisResult<Value> = send_script(&mut conn, |by_source| {
+        let calls = calls.map(|indices| {
+            self.renewal_call(items, indices, |indices, by_source| {
                 let mut cmd = Cmd::new();
                 if by_source {
                     cmd.arg("EVAL").arg(RENEW_MANY.source);
@@ -133,24 +132,14 @@ impl RedisBackend {
                     cmd.arg("EVALSHA").arg(&RENEW_MANY.sha);
                 }
                 cmd.arg(indices.len());
-                for &i in &indices {
+                for &i in indices {
                     cmd.arg(&items[i].keys.record);
                 }
-                for &i in &indices {
+                for &i in indices {
                     cmd.arg(items[i].token.as_str()).arg(millis(items[i].ttl));
                 }
                 cmd
             })
-            .await;
-            let mut results = Vec::with_capacity(indices.len());
-            renewal_results(reply, indices.len(), &mut results);
-            // The WAIT goes to this slot's node, after this slot's call.
-            let shortfall = match results.iter().any(|r| matches!(r, Ok(true))) {
-                true => self.replication_shortfall(&items[indices[0]].keys.record).await,
-                false => Ok(None),
-            };
-            let results = self.acknowledged(results, indices.iter().map(|&i| &items[i]), &shortfall);
-            (indices, results)
         });
         let mut renewed: Vec<Option<Result<bool, LockError>>> = items.iter().map(|_| None).collect();
         for (indices, results) in futures_util::future::join_all(calls).await {
@@ -162,6 +151,26 @@ impl RedisBackend {
             .into_iter()
             .map(|r| r.unwrap_or_else(|| Err(LockError::InvalidConfig("renewal not sent".into()))))
             .collect()
+    }
+
+    /// One renewal call (`build(indices, by_source)`) for the locks `indices` of `items`, all on one node, then
+    /// the `WAIT` on that node when replicas must acknowledge: each lock's outcome, in `indices`' order.
+    async fn renewal_call(
+        &self,
+        items: &[Renewal<'_>],
+        indices: Vec<usize>,
+        build: impl Fn(&[usize], bool) -> Cmd,
+    ) -> (Vec<usize>, Vec<Result<bool, LockError>>) {
+        let mut conn = self.commands.clone();
+        let reply: redis::RedisResult<Value> = send_script(&mut conn, |by_source| build(&indices, by_source)).await;
+        let mut results = Vec::with_capacity(indices.len());
+        renewal_results(reply, indices.len(), &mut results);
+        let shortfall = match results.iter().any(|r| matches!(r, Ok(true))) {
+            true => self.replication_shortfall(&items[indices[0]].keys.record).await,
+            false => Ok(None),
+        };
+        let results = self.acknowledged(results, indices.iter().map(|&i| &items[i]), &shortfall);
+        (indices, results)
     }
 
     /// Renewals' outcomes once `shortfall`, the `WAIT` after them, is known: a renewal the replicas did not
