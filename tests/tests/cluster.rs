@@ -5,10 +5,12 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::{Client, LockError};
+use distlock::{Client, LockError, RetryStrategy};
 use distlock_tests::cluster::RedisCluster;
-use distlock_tests::Fixture;
+use distlock_tests::time::{ms, secs};
+use distlock_tests::{eventually, within, Fixture};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 #[test]
 fn a_shared_cluster_serves_every_slot_from_three_primaries() {
@@ -117,4 +119,74 @@ async fn a_cluster_node_given_as_one_server_points_to_redis_cluster() {
         Err(LockError::InvalidConfig(message)) => assert!(message.contains("redis_cluster"), "{message}"),
         other => panic!("a cluster node was accepted as one server: {other:?}"),
     }
+}
+
+/// Release announcements on a cluster go by sharded pub/sub: while a waiter waits, the primary that serves its
+/// lock's slot counts one sharded subscription to the lock's channel (`PUBSUB SHARDNUMSUB`) and no node a plain
+/// one (`PUBSUB NUMSUB`); the release reaches the waiter by SPUBLISH on that node, at once (its own retries are
+/// seconds apart); and no node ever ran a PUBLISH, which the cluster bus would forward to every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_announcements_use_sharded_pub_sub() {
+    const KEY: &str = "sharded";
+    let fx = Fixture::cluster().await;
+    let cluster = fx.redis_cluster().expect("cluster fixture");
+    let record = fx.client().record_key(KEY);
+    let channel = format!("{record}:released");
+    let node = cluster.primary_for(&record);
+    let holder = fx.client().lock(KEY).ttl(secs(30)).acquire().await.expect("holder");
+    let client = fx.other_client().await;
+    let waiter = tokio::spawn(async move {
+        let slow = RetryStrategy::Linear { step: secs(3) };
+        let guard = client.lock(KEY).wait(secs(20)).retry(slow).acquire().await?;
+        Ok::<_, LockError>((Instant::now(), guard))
+    });
+    eventually(secs(10), "the waiter subscribed", || async {
+        subscribers(cluster, node, "SHARDNUMSUB", &channel) == 1
+    })
+    .await;
+    for other in cluster.nodes() {
+        assert_eq!(
+            subscribers(cluster, other.port(), "NUMSUB", &channel),
+            0,
+            "a plain subscription on {}",
+            other.port()
+        );
+    }
+    eventually(secs(10), "the waiter queued", || async {
+        fx.client().lock_info(KEY).await.ok().flatten().is_some_and(|info| info.waiting == 1)
+    })
+    .await;
+    let spublished = calls(cluster, node, "spublish");
+    let released = Instant::now();
+    holder.release().await.expect("release");
+    let (served, guard) = within(secs(10), "the waiter served", waiter).await.expect("no panic").expect("acquired");
+    let handoff = served.duration_since(released);
+    assert!(handoff < ms(500), "the hand-over took {handoff:?}: not announced");
+    assert!(calls(cluster, node, "spublish") > spublished, "the release did not SPUBLISH on the lock's node");
+    for other in cluster.nodes() {
+        assert_eq!(calls(cluster, other.port(), "publish"), 0, "a PUBLISH on {}", other.port());
+    }
+    guard.release().await.expect("release");
+    // The waiter is gone, and its sharded subscription with it.
+    eventually(secs(10), "the waiter unsubscribed", || async {
+        subscribers(cluster, node, "SHARDNUMSUB", &channel) == 0
+    })
+    .await;
+}
+
+/// `PUBSUB <which> <channel>` on the node on `port`: how many subscribers `channel` has there.
+fn subscribers(cluster: &RedisCluster, port: u16, which: &str, channel: &str) -> u64 {
+    let reply = cluster.cli(port, &["PUBSUB", which, channel]);
+    let count = reply.lines().nth(1).map(str::trim);
+    count.and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("PUBSUB {which} on {port}: {reply:?}"))
+}
+
+/// How many times the node on `port` ran `command`, also from scripts (`INFO commandstats`).
+fn calls(cluster: &RedisCluster, port: u16, command: &str) -> u64 {
+    let stats = cluster.cli(port, &["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|line| line.trim().strip_prefix(prefix.as_str()))
+        .map_or(0, |rest| rest.split(',').next().and_then(|n| n.parse().ok()).expect("a call count"))
 }

@@ -19,7 +19,8 @@ use crate::LockToken;
 ///
 /// On a Redis Cluster the subscriptions ride on the command connection itself (one RESP3 cluster connection),
 /// which moves them to the channel's new owner when the topology changes: a subscriber-only cluster
-/// connection sends no command that would make it notice a failover.
+/// connection sends no command that would make it notice a failover. There they are sharded (SSUBSCRIBE, one
+/// channel per command), as the scripts announce with SPUBLISH: an announcement stays on its lock's shard.
 pub(super) struct Subscriber {
     /// Where to open the connection on first use; `None` on a cluster, whose connection is given.
     info: Option<redis::ConnectionInfo>,
@@ -65,7 +66,11 @@ impl Subscriber {
 
     /// What the connection does with each push: a release announcement wakes its heir; a disconnection makes
     /// every waiter retry (announcements may have been lost meanwhile) and restores the subscriptions
-    /// (redis-rs's own resubscription gives up on a failure).
+    /// (redis-rs's own resubscription gives up on a failure); a confirmation of a channel already subscribed
+    /// is a resubscription (after a reconnect, or on a cluster after its slot moved to another node, such as a
+    /// promoted replica), and announcements made before it may have been lost, so that channel's waiters retry.
+    /// The confirmation of a first subscription reaches this handler before the subscribing call returns, while
+    /// the channel is not yet marked subscribed.
     pub(super) fn push_handler(
         &self,
     ) -> impl Fn(PushInfo) -> Result<(), std::convert::Infallible> + Send + Sync + 'static {
@@ -92,6 +97,14 @@ impl Subscriber {
                             if let Some(tx) = waiters.and_then(|w| w.get(heir)) {
                                 tx.send_replace(Announcement::HandedOver(text.as_ref().into()));
                             }
+                        }
+                    }
+                }
+                PushKind::Subscribe | PushKind::SSubscribe => {
+                    if let Some(Value::BulkString(name)) = push.data.first() {
+                        let resubscribed = channels.get(name.as_slice()).filter(|c| c.subscribed);
+                        for tx in resubscribed.into_iter().flat_map(|c| c.waiters.values()) {
+                            tx.send_replace(Announcement::Retry);
                         }
                     }
                 }
@@ -162,7 +175,7 @@ impl Subscriber {
             let _serial = self.commands.lock().await;
             let subscribed = lock_channels(&self.channels).get(&name).is_some_and(|c| c.subscribed);
             if !subscribed {
-                conn.subscribe(channel).await?;
+                conn.subscribe(&name).await?;
                 if let Some(c) = lock_channels(&self.channels).get_mut(&name) {
                     c.subscribed = true;
                 }
@@ -238,7 +251,7 @@ impl Resubscribe {
             if names.is_empty() {
                 return;
             }
-            if conn.subscribe(&names).await.is_ok() {
+            if conn.subscribe_all(&names).await.is_ok() {
                 // Hand-overs published before the subscription was back were missed: look again.
                 for tx in lock_channels(&self.channels).values().flat_map(|c| c.waiters.values()) {
                     tx.send_replace(Announcement::Retry);
@@ -247,5 +260,56 @@ impl Resubscribe {
             }
         }
         tracing::warn!("distlock: could not restore release subscriptions after a disconnection; waiters fall back to timed retries");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn push(kind: PushKind, channel: &str, second: Value) -> PushInfo {
+        PushInfo { kind, data: vec![Value::BulkString(channel.as_bytes().to_vec()), second] }
+    }
+
+    /// A channel with one waiter, `token`, whose announcements are returned.
+    fn waiting(subscriber: &Subscriber, channel: &str, token: &str, subscribed: bool) -> watch::Receiver<Announcement> {
+        let tx = watch::Sender::new(Announcement::Nothing);
+        let rx = tx.subscribe();
+        let waiters = HashMap::from([(token.to_owned(), tx)]);
+        lock_channels(&subscriber.channels).insert(channel.as_bytes().to_vec(), Channel { waiters, subscribed });
+        rx
+    }
+
+    /// A confirmation of a channel already subscribed is a resubscription (a reconnect, or a cluster's slot
+    /// moved to a promoted replica): that channel's waiters retry, sharded or not. The confirmation of a
+    /// first subscription, which arrives before the channel is marked subscribed, wakes nobody.
+    #[test]
+    fn a_resubscription_makes_that_channels_waiters_retry() {
+        let subscriber =
+            Subscriber::given(Timeouts { connect: Duration::from_secs(1), response: Duration::from_secs(1) });
+        let handle = subscriber.push_handler();
+        let moved = waiting(&subscriber, "d:{a}:released", "ta", true);
+        let first = waiting(&subscriber, "d:{b}:released", "tb", false);
+        let other = waiting(&subscriber, "d:{c}:released", "tc", true);
+        handle(push(PushKind::SSubscribe, "d:{a}:released", Value::Int(3))).unwrap();
+        handle(push(PushKind::SSubscribe, "d:{b}:released", Value::Int(4))).unwrap();
+        assert_eq!(*moved.borrow(), Announcement::Retry, "the resubscribed channel's waiter");
+        assert_eq!(*first.borrow(), Announcement::Nothing, "a first subscription's confirmation");
+        assert_eq!(*other.borrow(), Announcement::Nothing, "another channel's waiter");
+        handle(push(PushKind::Subscribe, "d:{c}:released", Value::Int(5))).unwrap();
+        assert_eq!(*other.borrow(), Announcement::Retry, "a plain SUBSCRIBE's resubscription");
+    }
+
+    /// A sharded message is an announcement like a plain one: a hand-over wakes its heir.
+    #[test]
+    fn sharded_messages_announce_hand_overs() {
+        let subscriber =
+            Subscriber::given(Timeouts { connect: Duration::from_secs(1), response: Duration::from_secs(1) });
+        let handle = subscriber.push_handler();
+        let heir = waiting(&subscriber, "d:{a}:released", "ta", true);
+        handle(push(PushKind::SMessage, "d:{a}:released", Value::BulkString(b"ta:7:100".to_vec()))).unwrap();
+        assert_eq!(*heir.borrow(), Announcement::HandedOver("ta:7:100".into()));
     }
 }
