@@ -140,53 +140,25 @@ async fn release_announcements_use_sharded_pub_sub() {
         let guard = client.lock(KEY).wait(secs(20)).retry(slow).acquire().await?;
         Ok::<_, LockError>((Instant::now(), guard))
     });
-    eventually(secs(10), "the waiter subscribed", || async {
-        subscribers(cluster, node, "SHARDNUMSUB", &channel) == 1
-    })
-    .await;
+    eventually(secs(10), "the waiter subscribed", || async { cluster.subscribers(node, &channel, true) == 1 }).await;
     for other in cluster.nodes() {
-        assert_eq!(
-            subscribers(cluster, other.port(), "NUMSUB", &channel),
-            0,
-            "a plain subscription on {}",
-            other.port()
-        );
+        assert_eq!(cluster.subscribers(other.port(), &channel, false), 0, "a plain subscription on {}", other.port());
     }
     eventually(secs(10), "the waiter queued", || async {
         fx.client().lock_info(KEY).await.ok().flatten().is_some_and(|info| info.waiting == 1)
     })
     .await;
-    let spublished = calls(cluster, node, "spublish");
+    let spublished = cluster.calls(node, "spublish");
     let released = Instant::now();
     holder.release().await.expect("release");
     let (served, guard) = within(secs(10), "the waiter served", waiter).await.expect("no panic").expect("acquired");
     let handoff = served.duration_since(released);
     assert!(handoff < ms(500), "the hand-over took {handoff:?}: not announced");
-    assert!(calls(cluster, node, "spublish") > spublished, "the release did not SPUBLISH on the lock's node");
+    assert!(cluster.calls(node, "spublish") > spublished, "the release did not SPUBLISH on the lock's node");
     for other in cluster.nodes() {
-        assert_eq!(calls(cluster, other.port(), "publish"), 0, "a PUBLISH on {}", other.port());
+        assert_eq!(cluster.calls(other.port(), "publish"), 0, "a PUBLISH on {}", other.port());
     }
     guard.release().await.expect("release");
     // The waiter is gone, and its sharded subscription with it.
-    eventually(secs(10), "the waiter unsubscribed", || async {
-        subscribers(cluster, node, "SHARDNUMSUB", &channel) == 0
-    })
-    .await;
-}
-
-/// `PUBSUB <which> <channel>` on the node on `port`: how many subscribers `channel` has there.
-fn subscribers(cluster: &RedisCluster, port: u16, which: &str, channel: &str) -> u64 {
-    let reply = cluster.cli(port, &["PUBSUB", which, channel]);
-    let count = reply.lines().nth(1).map(str::trim);
-    count.and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("PUBSUB {which} on {port}: {reply:?}"))
-}
-
-/// How many times the node on `port` ran `command`, also from scripts (`INFO commandstats`).
-fn calls(cluster: &RedisCluster, port: u16, command: &str) -> u64 {
-    let stats = cluster.cli(port, &["INFO", "commandstats"]);
-    let prefix = format!("cmdstat_{command}:calls=");
-    stats
-        .lines()
-        .find_map(|line| line.trim().strip_prefix(prefix.as_str()))
-        .map_or(0, |rest| rest.split(',').next().and_then(|n| n.parse().ok()).expect("a call count"))
+    eventually(secs(10), "the waiter unsubscribed", || async { cluster.subscribers(node, &channel, true) == 0 }).await;
 }
