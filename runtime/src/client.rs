@@ -279,7 +279,9 @@ impl ClientBuilder {
     /// Keeps locks on a Redis Cluster, reached through `seeds`: one or more of its nodes' URLs (as for
     /// [`redis`](Self::redis)); the client learns the rest of the cluster from them. Every key of one lock
     /// shares one hash slot, whatever characters the lock's name holds, so each operation is one script call
-    /// on the node that owns that slot; the cluster's slot moves and failovers are followed.
+    /// on the node that owns that slot; the cluster's slot moves and failovers are followed. Waiters hear
+    /// releases by sharded pub/sub (`SSUBSCRIBE`; the scripts `SPUBLISH`), on that same node: the README's
+    /// least-privilege user needs `+spublish +ssubscribe +sunsubscribe` there.
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {

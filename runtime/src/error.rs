@@ -222,7 +222,7 @@ fn hint_for(e: &redis::RedisError, server: &str) -> String {
             "the server requires a password: give it in the URL, redis://:PASSWORD@HOST:PORT/ (the default user) or redis://USER:PASSWORD@HOST:PORT/ (an ACL user)"
         }
     } else if is_permission_error(e) {
-        "the Redis user lacks a permission (NOPERM): grant the ACL rights of the README's least-privilege user (EVALSHA and the commands its scripts call, on the key prefix; SUBSCRIBE on its channels)"
+        "the Redis user lacks a permission (NOPERM): grant the ACL rights of the README's least-privilege user (EVALSHA and the commands its scripts call, on the key prefix; SUBSCRIBE, or on a cluster SSUBSCRIBE, on its channels)"
     } else {
         "the server refused the command: if other programs write keys under this client's prefix, give distlock a key prefix of its own (ClientBuilder::key_prefix); check the user's ACL rights (see the README's least-privilege user)"
     };

@@ -103,6 +103,26 @@ impl RedisCluster {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
+    /// How many subscribers `channel` has on the node on `port`: plain ones (`PUBSUB NUMSUB`), or with
+    /// `sharded` those of sharded pub/sub (`PUBSUB SHARDNUMSUB`).
+    pub fn subscribers(&self, port: u16, channel: &str, sharded: bool) -> u64 {
+        let which = if sharded { "SHARDNUMSUB" } else { "NUMSUB" };
+        let reply = self.cli(port, &["PUBSUB", which, channel]);
+        // `<channel>` then `<count>`, a line each.
+        let count = reply.lines().nth(1).map(str::trim);
+        count.and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("PUBSUB {which} on {port}: {reply:?}"))
+    }
+
+    /// How many times the node on `port` ran `command`, also from scripts (`INFO commandstats`).
+    pub fn calls(&self, port: u16, command: &str) -> u64 {
+        let stats = self.cli(port, &["INFO", "commandstats"]);
+        let prefix = format!("cmdstat_{command}:calls=");
+        stats
+            .lines()
+            .find_map(|line| line.trim().strip_prefix(prefix.as_str()))
+            .map_or(0, |rest| rest.split(',').next().and_then(|n| n.parse().ok()).expect("a call count"))
+    }
+
     /// `CLUSTER NODES` as one live node sees it (any node that answers).
     fn cluster_nodes(&self) -> String {
         self.nodes

@@ -5,11 +5,13 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::{Client, LockError};
+use distlock::{Client, LockError, RetryStrategy};
 use distlock_tests::cluster::RedisCluster;
 use distlock_tests::monitor::{is_client_command, Monitor};
-use distlock_tests::{eventually, Fixture};
+use distlock_tests::time::{ms, secs};
+use distlock_tests::{eventually, within, Fixture};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 #[test]
 fn a_shared_cluster_serves_every_slot_from_three_primaries() {
@@ -118,6 +120,120 @@ async fn a_cluster_node_given_as_one_server_points_to_redis_cluster() {
         Err(LockError::InvalidConfig(message)) => assert!(message.contains("redis_cluster"), "{message}"),
         other => panic!("a cluster node was accepted as one server: {other:?}"),
     }
+}
+
+/// Release announcements on a cluster go by sharded pub/sub: while a waiter waits, the primary that serves its
+/// lock's slot counts one sharded subscription to the lock's channel (`PUBSUB SHARDNUMSUB`) and no node a plain
+/// one (`PUBSUB NUMSUB`); the release reaches the waiter by SPUBLISH on that node, at once (its own retries are
+/// seconds apart); and no node ever ran a PUBLISH, which the cluster bus would forward to every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_announcements_use_sharded_pub_sub() {
+    const KEY: &str = "sharded";
+    let fx = Fixture::cluster().await;
+    let cluster = fx.redis_cluster().expect("cluster fixture");
+    let record = fx.client().record_key(KEY);
+    let channel = format!("{record}:released");
+    let node = cluster.primary_for(&record);
+    let holder = fx.client().lock(KEY).ttl(secs(30)).acquire().await.expect("holder");
+    let client = fx.other_client().await;
+    let waiter = tokio::spawn(async move {
+        let slow = RetryStrategy::Linear { step: secs(3) };
+        let guard = client.lock(KEY).wait(secs(20)).retry(slow).acquire().await?;
+        Ok::<_, LockError>((Instant::now(), guard))
+    });
+    eventually(secs(10), "the waiter subscribed", || async { cluster.subscribers(node, &channel, true) == 1 }).await;
+    for other in cluster.nodes() {
+        assert_eq!(cluster.subscribers(other.port(), &channel, false), 0, "a plain subscription on {}", other.port());
+    }
+    eventually(secs(10), "the waiter queued", || async {
+        fx.client().lock_info(KEY).await.ok().flatten().is_some_and(|info| info.waiting == 1)
+    })
+    .await;
+    let spublished = cluster.calls(node, "spublish");
+    let released = Instant::now();
+    holder.release().await.expect("release");
+    let (served, guard) = within(secs(10), "the waiter served", waiter).await.expect("no panic").expect("acquired");
+    let handoff = served.duration_since(released);
+    assert!(handoff < ms(500), "the hand-over took {handoff:?}: not announced");
+    assert!(cluster.calls(node, "spublish") > spublished, "the release did not SPUBLISH on the lock's node");
+    for other in cluster.nodes() {
+        assert_eq!(cluster.calls(other.port(), "publish"), 0, "a PUBLISH on {}", other.port());
+    }
+    guard.release().await.expect("release");
+    // The waiter is gone, and its sharded subscription with it.
+    eventually(secs(10), "the waiter unsubscribed", || async { cluster.subscribers(node, &channel, true) == 0 }).await;
+}
+
+/// README's least-privilege user with its cluster additions (the `ACL SETUSER` line and the `On a cluster add`
+/// rights, read from README.md), created on every node, builds a cluster client (its startup probe takes,
+/// queues for and hands over a lock), and a waiter that retries only every 10-20 s is woken by the release
+/// through sharded pub/sub, and unsubscribes when done; the same user without `+ssubscribe` fails the
+/// startup probe, naming the ACL. (ACL users are per node; these two change nothing for the other tests on
+/// the shared cluster, which use the default user.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readme_least_privilege_user_with_the_cluster_rights_is_woken_by_a_release() {
+    const KEY: &str = "acl-waited";
+    let cluster = tokio::task::spawn_blocking(RedisCluster::shared).await.expect("cluster");
+    let (line, cluster_rights) = readme_acl();
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(&words[..2], ["ACL", "SETUSER"], "{line}");
+    let (user, password) = (words[2], words.iter().find_map(|w| w.strip_prefix('>')).expect("a password"));
+    let rules: Vec<&str> = words[3..].iter().copied().chain(cluster_rights.split_whitespace()).collect();
+    let without_ssubscribe: Vec<&str> = rules.iter().copied().filter(|r| *r != "+ssubscribe").collect();
+    assert!(without_ssubscribe.len() < rules.len(), "README's cluster rights lack +ssubscribe: {cluster_rights}");
+    for node in cluster.nodes() {
+        for (name, rules) in [(user, &rules), ("no-ssubscribe", &without_ssubscribe)] {
+            let args: Vec<&str> = ["ACL", "SETUSER", name].into_iter().chain(rules.iter().copied()).collect();
+            let reply = cluster.cli(node.port(), &args);
+            assert_eq!(reply.trim(), "OK", "ACL SETUSER {name} on {}: {reply}", node.port());
+        }
+    }
+    let seeds = |user: &str| -> Vec<String> {
+        cluster.nodes().iter().map(|n| format!("redis://{user}:{password}@127.0.0.1:{}/", n.port())).collect()
+    };
+    let build = || Client::builder().redis_cluster(seeds(user)).build();
+    let client = within(secs(20), "build", build()).await.unwrap_or_else(|e| panic!("README's user: {e}\n{line}"));
+    let other = build().await.expect("a second client");
+
+    let node = cluster.primary_for(&client.record_key(KEY));
+    let channel = format!("{}:released", client.record_key(KEY));
+    let holder = client.lock(KEY).ttl(secs(30)).acquire().await.expect("holder");
+    let waiter = tokio::spawn(async move {
+        let slow = RetryStrategy::Linear { step: secs(20) };
+        let guard = other.lock(KEY).wait(secs(30)).retry(slow).acquire().await?;
+        Ok::<_, LockError>((Instant::now(), guard))
+    });
+    eventually(secs(10), "the waiter subscribed", || async { cluster.subscribers(node, &channel, true) == 1 }).await;
+    eventually(secs(10), "the waiter queued", || async {
+        client.lock_info(KEY).await.ok().flatten().is_some_and(|info| info.waiting == 1)
+    })
+    .await;
+    let released = Instant::now();
+    holder.release().await.expect("release");
+    let (woken, guard) = within(secs(5), "the waiter", waiter).await.expect("no panic").expect("acquired");
+    let waited = woken.duration_since(released);
+    assert!(waited < secs(1), "the waiter was woken only {waited:?} after the release");
+    assert!(client.force_unlock(KEY).await.expect("force_unlock"), "the waiter's lock was not there to force");
+    drop(guard);
+    eventually(secs(10), "the waiter unsubscribed", || async { cluster.subscribers(node, &channel, true) == 0 }).await;
+
+    let denied = Client::builder().redis_cluster(seeds("no-ssubscribe")).build();
+    let err = within(secs(20), "build without +ssubscribe", denied).await.expect_err("a user that cannot SSUBSCRIBE");
+    assert!(err.to_string().contains("ACL"), "{err}");
+    assert!(!format!("{err} {err:?}").contains(password), "the password in the error: {err}");
+}
+
+/// README's least-privilege `ACL SETUSER` line, and the rights it says to add on a cluster.
+fn readme_acl() -> (String, String) {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).expect("README.md");
+    let section = readme.split("### A least-privilege Redis user").nth(1).expect("README has the ACL section");
+    let line = section.lines().map(str::trim).find(|l| l.starts_with("ACL SETUSER")).expect("an ACL SETUSER line");
+    let rights = section
+        .split_once("On a cluster add `")
+        .and_then(|(_, rest)| rest.split_once('`'))
+        .map(|(rights, _)| rights)
+        .expect("README names the rights to add on a cluster");
+    (line.to_owned(), rights.to_owned())
 }
 
 /// Renewals that come due together go to each node as one call, whatever their slots (RENEW_SPREAD), not one

@@ -1,13 +1,13 @@
 //! Failover on a real Redis Cluster (3 primaries, one replica each, `cluster-node-timeout 1000`): a primary
 //! killed (SIGKILL), and a primary hung (SIGSTOP: its sockets stay open, nothing answers), each while a lock in
-//! its slots is held and waited for and another shard is busy; and a live slot migration under contended
-//! locks. Each test starts a cluster of its own.
+//! its slots is held and waited for and another shard is busy; and live slot migrations, under contended
+//! locks and under a waiter. Each test starts a cluster of its own.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock::{Client, ReleaseOutcome};
+use distlock::{Client, ReleaseOutcome, RetryStrategy};
 use distlock_tests::cluster::RedisCluster;
 use distlock_tests::sys::Stopped;
 use distlock_tests::{eventually, serial};
@@ -261,4 +261,63 @@ async fn a_live_slot_migration_keeps_locks_exclusive() {
     for (i, seen) in fences.lock().expect("fences").iter().enumerate() {
         assert!(seen.windows(2).all(|w| w[0] < w[1]), "fencing tokens of {} did not rise: {seen:?}", keys[i]);
     }
+}
+
+/// A waiter whose lock's slot migrates to another primary while it waits still hears the release at once: the
+/// old node drops the slot's sharded subscriptions when the slot leaves it (an SUNSUBSCRIBE nobody asked for,
+/// after which the redis crate forgets them), and the subscriber subscribes again, on the slot's new owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_hears_the_release_after_its_slot_migrated() {
+    let _serial = serial().await;
+    let cluster = Arc::new(tokio::task::spawn_blocking(|| RedisCluster::start(3, 1)).await.expect("cluster"));
+    let (holder_client, waiter_client) = (client(&cluster, false).await, client(&cluster, false).await);
+    let from = cluster.primary_for(&holder_client.record_key("probe"));
+    let to = (0..)
+        .map(|i| format!("elsewhere-{i}"))
+        .map(|k| cluster.primary_for(&holder_client.record_key(&k)))
+        .find(|&p| p != from)
+        .expect("another primary");
+    const MOVED: u16 = 16;
+    let first = cluster.first_slot(from);
+    let key = (0..)
+        .map(|i| format!("moving-{i}"))
+        .find(|k| (first..first + MOVED).contains(&slot_of(&holder_client.record_key(k))))
+        .expect("a key in the slots that move");
+    let channel = format!("{}:released", holder_client.record_key(&key));
+    let holder = holder_client.lock(&key).ttl(Duration::from_secs(30)).acquire().await.expect("holder");
+    let waiter = tokio::spawn({
+        let (client, key) = (waiter_client.clone(), key.clone());
+        async move {
+            // Retries seconds apart: only an announcement serves it promptly.
+            let slow = RetryStrategy::Linear { step: Duration::from_secs(5) };
+            let guard = client.lock(&key).wait(Duration::from_secs(20)).retry(slow).acquire().await;
+            (guard, Instant::now())
+        }
+    });
+    eventually(Duration::from_secs(5), "the waiter subscribed on the slot's node", || async {
+        cluster.subscribers(from, &channel, true) == 1
+    })
+    .await;
+    eventually(Duration::from_secs(5), "the waiter queued", || async {
+        holder_client.lock_info(&key).await.ok().flatten().is_some_and(|info| info.waiting == 1)
+    })
+    .await;
+    tokio::task::spawn_blocking({
+        let cluster = Arc::clone(&cluster);
+        move || cluster.reshard(from, to, MOVED)
+    })
+    .await
+    .expect("reshard");
+    assert_eq!(cluster.primary_for(&holder_client.record_key(&key)), to, "the slot did not move");
+    eventually(Duration::from_secs(5), "the waiter subscribed again on the slot's new node", || async {
+        cluster.subscribers(to, &channel, true) == 1
+    })
+    .await;
+    let released = Instant::now();
+    assert_eq!(holder.release().await.expect("release"), ReleaseOutcome::Released);
+    let (guard, served) = tokio::time::timeout(Duration::from_secs(10), waiter).await.expect("waiter").expect("task");
+    let guard = guard.expect("the waiter got the lock");
+    let waited = served.saturating_duration_since(released);
+    assert!(waited < Duration::from_millis(500), "the waiter was served {waited:?} after the release");
+    guard.release().await.expect("release");
 }

@@ -185,10 +185,12 @@ impl RedisBackend {
             );
         }
         self.probe_lock_cycle(prefix).await?;
-        // Cached now, so the first burst of renewals after a restart of this process needs no EVAL fallback.
+        // Cached now, so the first burst of renewals after a restart of this process needs no EVAL fallback: each
+        // script as this connection sends it (numbered on a cluster or behind Sentinel, see link.rs).
         for script in [&*RENEW, &*RENEW_MANY, &*REMAINING, &*INFO, &*FORCE_UNLOCK, &*scripts::BATCH] {
+            let source = self.commands.script_source(script);
             let _: redis::RedisResult<String> =
-                redis::cmd("SCRIPT").arg("LOAD").arg(script.source).query_async(&mut conn).await;
+                redis::cmd("SCRIPT").arg("LOAD").arg(source).query_async(&mut conn).await;
         }
         Ok(())
     }

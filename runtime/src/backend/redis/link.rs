@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
-use redis::{Arg, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, ToRedisArgs, Value};
+use redis::{Arg, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::time::Instant;
 
-use super::scripts;
+use super::scripts::{self, LuaScript};
 
 /// A command connection of any kind; cheap to clone (each is a handle to multiplexed connections).
 #[derive(Clone)]
@@ -214,21 +214,50 @@ impl Link {
         }
     }
 
-    /// SUBSCRIBE on the connection (on a cluster, moved with its channel's slot; announcements are published
-    /// cluster-wide, so any node hears them).
-    pub(super) async fn subscribe(&mut self, channels: impl ToRedisArgs + Send + Sync) -> RedisResult<()> {
+    /// Subscribes to `channel`: SUBSCRIBE; on a cluster SSUBSCRIBE (sharded pub/sub, where the scripts
+    /// SPUBLISH), sent to the primary of the channel's slot and moved with it when the topology changes.
+    pub(super) async fn subscribe(&mut self, channel: &[u8]) -> RedisResult<()> {
+        match self {
+            Link::One(conn) => conn.subscribe(channel).await,
+            Link::Cluster(link) => link.connection().ssubscribe(channel).await,
+            Link::Sentinel(link) => link.connection().subscribe(channel).await,
+        }
+    }
+
+    /// Subscribes to every one of `channels` again: in one SUBSCRIBE; on a cluster one SSUBSCRIBE per channel
+    /// (one command's channels must share a slot), all at once. Fails if any failed; subscribing twice is
+    /// harmless, so all are sent again on the next attempt.
+    pub(super) async fn subscribe_all(&mut self, channels: &[Vec<u8>]) -> RedisResult<()> {
         match self {
             Link::One(conn) => conn.subscribe(channels).await,
-            Link::Cluster(link) => link.connection().subscribe(channels).await,
+            Link::Cluster(link) => {
+                let conn = link.connection();
+                let each = channels.iter().map(|channel| {
+                    let mut conn = conn.clone();
+                    async move { conn.ssubscribe(channel).await }
+                });
+                futures_util::future::join_all(each).await.into_iter().collect()
+            }
             Link::Sentinel(link) => link.connection().subscribe(channels).await,
         }
     }
 
-    pub(super) async fn unsubscribe(&mut self, channels: impl ToRedisArgs + Send + Sync) -> RedisResult<()> {
+    /// Unsubscribes from `channel` (SUNSUBSCRIBE on a cluster).
+    pub(super) async fn unsubscribe(&mut self, channel: &[u8]) -> RedisResult<()> {
         match self {
-            Link::One(conn) => conn.unsubscribe(channels).await,
-            Link::Cluster(link) => link.connection().unsubscribe(channels).await,
-            Link::Sentinel(link) => link.connection().unsubscribe(channels).await,
+            Link::One(conn) => conn.unsubscribe(channel).await,
+            Link::Cluster(link) => link.connection().sunsubscribe(channel).await,
+            Link::Sentinel(link) => link.connection().unsubscribe(channel).await,
+        }
+    }
+
+    /// The text of `script` as this connection sends it (for `SCRIPT LOAD`): the numbered variant on a
+    /// connection that carries subscriptions, with SPUBLISH on a cluster.
+    pub(super) fn script_source(&self, script: &LuaScript) -> &'static str {
+        match self {
+            Link::One(_) => script.source,
+            Link::Cluster(_) => script.sharded.source,
+            Link::Sentinel(_) => script.numbered.source,
         }
     }
 }
@@ -285,15 +314,16 @@ fn is_script_call(cmd: &Cmd) -> bool {
     matches!(cmd.args_iter().next(), Some(Arg::Simple(name)) if name.eq_ignore_ascii_case(b"EVALSHA") || name.eq_ignore_ascii_case(b"EVAL"))
 }
 
-/// `cmd` as a numbered call of the same script (its variant in the call-number frame), if it is a call of
-/// one of our scripts, and its number.
-fn numbered(cmd: &Cmd) -> Option<(Cmd, String)> {
+/// `cmd` as a numbered call of the same script (its variant in the call-number frame; on a `cluster`, the one
+/// that announces with SPUBLISH), if it is a call of one of our scripts, and its number.
+fn numbered(cmd: &Cmd, cluster: bool) -> Option<(Cmd, String)> {
     let mut args = cmd.args_iter();
     let (Some(Arg::Simple(name)), Some(Arg::Simple(script))) = (args.next(), args.next()) else { return None };
+    let variant = |s: &'static LuaScript| if cluster { &s.sharded } else { &s.numbered };
     let variant = if name.eq_ignore_ascii_case(b"EVALSHA") {
-        scripts::all_scripts().into_iter().find(|s| s.sha.as_bytes() == script).map(|s| s.numbered.sha.as_bytes())
+        scripts::all_scripts().into_iter().find(|s| s.sha.as_bytes() == script).map(|s| variant(s).sha.as_bytes())
     } else if name.eq_ignore_ascii_case(b"EVAL") {
-        scripts::all_scripts().into_iter().find(|s| s.source.as_bytes() == script).map(|s| s.numbered.source.as_bytes())
+        scripts::all_scripts().into_iter().find(|s| s.source.as_bytes() == script).map(|s| variant(s).source.as_bytes())
     } else {
         None
     }?;
@@ -336,7 +366,7 @@ fn is_call(value: &Value, call: &str) -> bool {
 
 impl ConnectionLike for Link {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let numbered = if self.carries_subscriptions() { numbered(cmd) } else { None };
+        let numbered = if self.carries_subscriptions() { numbered(cmd, self.is_cluster()) } else { None };
         let Some((numbered, call)) = numbered else { return self.send(cmd) };
         Box::pin(async move {
             match self.send(&numbered).await? {
@@ -367,7 +397,7 @@ impl ConnectionLike for Link {
             let mut pipeline = redis::pipe();
             let mut calls = Vec::new();
             for c in cmd.cmd_iter() {
-                match numbered(c) {
+                match numbered(c, self.is_cluster()) {
                     Some((numbered, call)) => {
                         pipeline.add_command(numbered);
                         calls.push(Some(call));
@@ -425,21 +455,38 @@ mod tests {
         let script = &*scripts::RELEASE;
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha.arg(&script.sha).arg(1).arg("key").arg("token");
-        let (numbered_call, call) = numbered(&evalsha).expect("a call of a script of ours is numbered");
+        let (numbered_call, call) = numbered(&evalsha, false).expect("a call of a script of ours is numbered");
         let sent = args(&numbered_call);
         assert_eq!(sent[1], script.numbered.sha.as_bytes(), "the same script in the call-number frame");
         assert_eq!(sent[2..5], args(&evalsha)[2..], "the same keys and arguments");
         assert_eq!(sent.last().map(Vec::as_slice), Some(call.as_bytes()), "the number is the last argument");
-        let (_, next) = numbered(&evalsha).expect("numbered");
+        let (_, next) = numbered(&evalsha, false).expect("numbered");
         assert_ne!(call, next, "every call gets its own number");
 
         let mut eval = redis::cmd("eval");
         eval.arg(script.source).arg(1).arg("key").arg("token");
-        let (numbered_eval, _) = numbered(&eval).expect("EVAL in any case");
+        let (numbered_eval, _) = numbered(&eval, false).expect("EVAL in any case");
         assert_eq!(args(&numbered_eval)[1], script.numbered.source.as_bytes());
 
-        assert!(numbered(&redis::cmd("WAIT")).is_none());
-        assert!(numbered(redis::cmd("EVAL").arg("return 1").arg(0)).is_none(), "not a script of ours");
+        assert!(numbered(&redis::cmd("WAIT"), false).is_none());
+        assert!(numbered(redis::cmd("EVAL").arg("return 1").arg(0), false).is_none(), "not a script of ours");
+    }
+
+    /// On a cluster the numbered call runs the variant that announces with SPUBLISH, by SHA and by source.
+    #[test]
+    fn cluster_calls_run_the_sharded_variant() {
+        let script = &*scripts::RELEASE;
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(&script.sha).arg(1).arg("key").arg("token");
+        let (sharded, call) = numbered(&evalsha, true).expect("numbered on a cluster");
+        let sent = args(&sharded);
+        assert_eq!(sent[1], script.sharded.sha.as_bytes());
+        assert_eq!(sent[2..5], args(&evalsha)[2..], "the same keys and arguments");
+        assert_eq!(sent.last().map(Vec::as_slice), Some(call.as_bytes()), "the number is the last argument");
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(script.source).arg(1).arg("key").arg("token");
+        let (sharded_eval, _) = numbered(&eval, true).expect("EVAL on a cluster");
+        assert_eq!(args(&sharded_eval)[1], script.sharded.source.as_bytes());
     }
 
     #[test]

@@ -14,8 +14,9 @@
 //! anyway. Every derived key starts with `R` and so carries its hash tag `{<escaped key>}`, the only braces
 //! in it (the user's key is escaped, see `LockKeys`): all of a lock's keys hash to the record's slot by
 //! construction (`tests/tests/keys.rs` checks it with `CLUSTER KEYSLOT`). That is all Redis Cluster needs of
-//! a script's keys in practice; a Cluster store (a later issue) would still have to route each call by the
-//! record's slot, and use sharded pub/sub for the channel.
+//! a script's keys in practice; the cluster connection routes each call by the record's slot, and there the
+//! scripts announce with SPUBLISH (sharded pub/sub, [`LuaScript::sharded`]), which the channel's slot, the
+//! record's, keeps on the lock's own shard.
 //!
 //! Declaring `R:fence` and `R:queue` too would not cost Redis much: with them passed as KEYS[2] and KEYS[3]
 //! (and used instead of concatenating), ACQUIRE measured 5.4–6.0 µs per call against 5.6–5.9 with one key,
@@ -174,6 +175,10 @@ pub(super) struct LuaScript {
     /// The same script in the call-number frame ([`CALL_FRAME`]), which connections that also carry
     /// subscriptions send instead (link.rs).
     pub(super) numbered: Numbered,
+    /// The numbered script announcing with SPUBLISH (sharded pub/sub) instead of PUBLISH: what a Redis Cluster
+    /// runs, so an announcement goes to the shard that owns the lock's slot, not over the cluster bus to every
+    /// node. The other connections keep PUBLISH, which Redis before 7.0 has too.
+    pub(super) sharded: Numbered,
 }
 
 /// A script in the call-number frame.
@@ -186,15 +191,24 @@ impl LuaScript {
     /// `file` with each `-- #include` line replaced by the files it names.
     fn new(file: &'static str) -> Self {
         let body = compose(file);
-        let numbered: &'static str = Box::leak(CALL_FRAME.replacen("{body}", &body, 1).into_boxed_str());
+        let numbered = Numbered::new(CALL_FRAME.replacen("{body}", &body, 1));
+        let sharded = Numbered::new(numbered.source.replace(PUBLISH, SPUBLISH));
         let source: &'static str = Box::leak(body.into_boxed_str());
-        Self {
-            source,
-            sha: redis::Script::new(source).get_hash().to_owned(),
-            numbered: Numbered { source: numbered, sha: redis::Script::new(numbered).get_hash().to_owned() },
-        }
+        Self { source, sha: redis::Script::new(source).get_hash().to_owned(), numbered, sharded }
     }
 }
+
+impl Numbered {
+    fn new(source: String) -> Self {
+        let source: &'static str = Box::leak(source.into_boxed_str());
+        Self { source, sha: redis::Script::new(source).get_hash().to_owned() }
+    }
+}
+
+/// How every script announces a release, and what a cluster's variant says instead: one text substitution,
+/// so the scripts themselves, and what one server runs, stay as they are.
+const PUBLISH: &str = "redis.call('publish', ";
+const SPUBLISH: &str = "redis.call('spublish', ";
 
 /// The call-number frame: the client appends a call number to ARGV, and the script replies `{call number,
 /// reply}` (a script's own error still comes back as the call's error). The client uses a reply only if it
@@ -439,6 +453,29 @@ mod tests {
         for script in [&*ACQUIRE, &*BATCH, &*RELEASE] {
             let writes = script.source.matches(" .. ':' .. now .. ':' .. holder, 'px', ").count();
             assert_eq!(writes, 2, "a grant's and a hand-over's record in\n{}", script.source);
+        }
+    }
+
+    /// A cluster's variant of each script is its numbered one with every announcement made by SPUBLISH, and
+    /// nothing else changed; the scripts that announce nothing run the same text everywhere.
+    #[test]
+    fn cluster_variants_announce_with_spublish_only() {
+        for (name, script) in all() {
+            let publishes = script.source.matches(PUBLISH).count();
+            let sharded = script.sharded.source;
+            assert!(!sharded.contains("'publish'"), "{name}'s cluster variant still publishes:\n{sharded}");
+            assert_eq!(sharded.matches(SPUBLISH).count(), publishes, "{name}");
+            assert_eq!(sharded.replace(SPUBLISH, PUBLISH), script.numbered.source, "{name}");
+            assert!(!script.source.contains("spublish"), "{name} announces by SPUBLISH on one server too");
+            if publishes == 0 {
+                assert_eq!(script.sharded.sha, script.numbered.sha, "{name}");
+            } else {
+                assert_ne!(script.sharded.sha, script.numbered.sha, "{name}");
+            }
+        }
+        // The scripts that announce a release or a forced unlock do have a cluster variant of their own.
+        for script in [&*ACQUIRE, &*RELEASE, &*BATCH, &*FORCE_UNLOCK] {
+            assert!(script.sharded.source.contains(SPUBLISH), "{}", script.source);
         }
     }
 

@@ -19,7 +19,8 @@ use crate::LockToken;
 ///
 /// On a Redis Cluster the subscriptions ride on the command connection itself (one RESP3 cluster connection),
 /// which moves them to the channel's new owner when the topology changes: a subscriber-only cluster
-/// connection sends no command that would make it notice a failover.
+/// connection sends no command that would make it notice a failover. There they are sharded (SSUBSCRIBE, one
+/// channel per command), as the scripts announce with SPUBLISH: an announcement stays on its lock's shard.
 pub(super) struct Subscriber {
     /// Where to open the connection on first use; `None` on a cluster, whose connection is given.
     info: Option<redis::ConnectionInfo>,
@@ -65,7 +66,14 @@ impl Subscriber {
 
     /// What the connection does with each push: a release announcement wakes its heir; a disconnection makes
     /// every waiter retry (announcements may have been lost meanwhile) and restores the subscriptions
-    /// (redis-rs's own resubscription gives up on a failure).
+    /// (redis-rs's own resubscription gives up on a failure); a confirmation of a channel already subscribed
+    /// is a resubscription (after a reconnect, or on a cluster after its slot moved to another node, such as a
+    /// promoted replica), and announcements made before it may have been lost, so that channel's waiters retry.
+    /// The confirmation of a first subscription reaches this handler before the subscribing call returns, while
+    /// the channel is not yet marked subscribed. On a cluster, a node whose slot moves away (a live migration)
+    /// drops that slot's sharded subscriptions and says so (SUNSUBSCRIBE); the redis crate then forgets them, so
+    /// that channel is subscribed again, on its new owner, and its waiters retry. Our own unsubscriptions are of
+    /// channels already gone from the map.
     pub(super) fn push_handler(
         &self,
     ) -> impl Fn(PushInfo) -> Result<(), std::convert::Infallible> + Send + Sync + 'static {
@@ -95,11 +103,29 @@ impl Subscriber {
                         }
                     }
                 }
+                PushKind::Subscribe | PushKind::SSubscribe => {
+                    if let Some(Value::BulkString(name)) = push.data.first() {
+                        let resubscribed = channels.get(name.as_slice()).filter(|c| c.subscribed);
+                        for tx in resubscribed.into_iter().flat_map(|c| c.waiters.values()) {
+                            tx.send_replace(Announcement::Retry);
+                        }
+                    }
+                }
+                PushKind::SUnsubscribe => {
+                    if let Some(Value::BulkString(name)) = push.data.first() {
+                        if let Some(dropped) = channels.get(name.as_slice()).filter(|c| c.subscribed) {
+                            for tx in dropped.waiters.values() {
+                                tx.send_replace(Announcement::Retry);
+                            }
+                            resubscribe.start(Some(name.clone()));
+                        }
+                    }
+                }
                 PushKind::Disconnection => {
                     for tx in channels.values().flat_map(|c| c.waiters.values()) {
                         tx.send_replace(Announcement::Retry);
                     }
-                    resubscribe.start();
+                    resubscribe.start(None);
                 }
                 _ => {}
             }
@@ -120,7 +146,7 @@ impl Subscriber {
             for tx in lock_channels(&resubscribe.channels).values().flat_map(|c| c.waiters.values()) {
                 tx.send_replace(Announcement::Retry);
             }
-            resubscribe.start();
+            resubscribe.start(None);
         }
     }
 
@@ -162,7 +188,7 @@ impl Subscriber {
             let _serial = self.commands.lock().await;
             let subscribed = lock_channels(&self.channels).get(&name).is_some_and(|c| c.subscribed);
             if !subscribed {
-                conn.subscribe(channel).await?;
+                conn.subscribe(&name).await?;
                 if let Some(c) = lock_channels(&self.channels).get_mut(&name) {
                     c.subscribed = true;
                 }
@@ -204,7 +230,8 @@ impl Subscriber {
     }
 }
 
-/// Restores the subscriptions of every channel that has waiters, after a disconnection.
+/// Restores the subscriptions of every channel that has waiters, after a disconnection; or of one channel, after
+/// a cluster node dropped it (its slot moved away).
 #[derive(Clone)]
 struct Resubscribe {
     channels: Arc<Mutex<HashMap<Vec<u8>, Channel>>>,
@@ -218,12 +245,14 @@ impl Resubscribe {
     const ATTEMPTS: u32 = 12;
     const MAX_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
 
-    fn start(&self) {
+    /// Subscribes again, in the background, to every channel with waiters, or `only` to that one.
+    fn start(&self, only: Option<Vec<u8>>) {
         let Some(runtime) = &self.runtime else { return };
-        runtime.spawn(self.clone().run());
+        runtime.spawn(self.clone().run(only));
     }
 
-    async fn run(self) {
+    async fn run(self, only: Option<Vec<u8>>) {
+        let wanted = |name: &Vec<u8>| only.as_ref().is_none_or(|only| only == name);
         let mut pause = std::time::Duration::from_millis(20);
         for _ in 0..Self::ATTEMPTS {
             tokio::time::sleep(pause).await;
@@ -232,20 +261,92 @@ impl Resubscribe {
             let _serial = self.commands.lock().await;
             let names: Vec<Vec<u8>> = lock_channels(&self.channels)
                 .iter()
-                .filter(|(_, c)| !c.waiters.is_empty() && c.subscribed)
+                .filter(|(name, c)| !c.waiters.is_empty() && c.subscribed && wanted(name))
                 .map(|(name, _)| name.clone())
                 .collect();
             if names.is_empty() {
                 return;
             }
-            if conn.subscribe(&names).await.is_ok() {
+            if conn.subscribe_all(&names).await.is_ok() {
                 // Hand-overs published before the subscription was back were missed: look again.
-                for tx in lock_channels(&self.channels).values().flat_map(|c| c.waiters.values()) {
+                let channels = lock_channels(&self.channels);
+                let resubscribed = channels.iter().filter(|(name, _)| wanted(name));
+                for tx in resubscribed.flat_map(|(_, c)| c.waiters.values()) {
                     tx.send_replace(Announcement::Retry);
                 }
                 return;
             }
         }
-        tracing::warn!("distlock: could not restore release subscriptions after a disconnection; waiters fall back to timed retries");
+        tracing::warn!("distlock: could not restore release subscriptions after a disconnection or a slot move; waiters fall back to timed retries");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn push(kind: PushKind, channel: &str, second: Value) -> PushInfo {
+        PushInfo { kind, data: vec![Value::BulkString(channel.as_bytes().to_vec()), second] }
+    }
+
+    /// A channel with one waiter, `token`, whose announcements are returned.
+    fn waiting(subscriber: &Subscriber, channel: &str, token: &str, subscribed: bool) -> watch::Receiver<Announcement> {
+        let tx = watch::Sender::new(Announcement::Nothing);
+        let rx = tx.subscribe();
+        let waiters = HashMap::from([(token.to_owned(), tx)]);
+        lock_channels(&subscriber.channels).insert(channel.as_bytes().to_vec(), Channel { waiters, subscribed });
+        rx
+    }
+
+    /// A confirmation of a channel already subscribed is a resubscription (a reconnect, or a cluster's slot
+    /// moved to a promoted replica): that channel's waiters retry, sharded or not. The confirmation of a
+    /// first subscription, which arrives before the channel is marked subscribed, wakes nobody.
+    #[test]
+    fn a_resubscription_makes_that_channels_waiters_retry() {
+        let subscriber =
+            Subscriber::given(Timeouts { connect: Duration::from_secs(1), response: Duration::from_secs(1) });
+        let handle = subscriber.push_handler();
+        let moved = waiting(&subscriber, "d:{a}:released", "ta", true);
+        let first = waiting(&subscriber, "d:{b}:released", "tb", false);
+        let other = waiting(&subscriber, "d:{c}:released", "tc", true);
+        handle(push(PushKind::SSubscribe, "d:{a}:released", Value::Int(3))).unwrap();
+        handle(push(PushKind::SSubscribe, "d:{b}:released", Value::Int(4))).unwrap();
+        assert_eq!(*moved.borrow(), Announcement::Retry, "the resubscribed channel's waiter");
+        assert_eq!(*first.borrow(), Announcement::Nothing, "a first subscription's confirmation");
+        assert_eq!(*other.borrow(), Announcement::Nothing, "another channel's waiter");
+        handle(push(PushKind::Subscribe, "d:{c}:released", Value::Int(5))).unwrap();
+        assert_eq!(*other.borrow(), Announcement::Retry, "a plain SUBSCRIBE's resubscription");
+    }
+
+    /// A cluster node that drops a sharded subscription (its slot moved away) makes that channel's waiters
+    /// retry; our own SUNSUBSCRIBE, of a channel already gone from the map, and one of a channel still being
+    /// subscribed, wake nobody.
+    #[test]
+    fn a_dropped_sharded_subscription_makes_that_channels_waiters_retry() {
+        let subscriber =
+            Subscriber::given(Timeouts { connect: Duration::from_secs(1), response: Duration::from_secs(1) });
+        let handle = subscriber.push_handler();
+        let moved = waiting(&subscriber, "d:{a}:released", "ta", true);
+        let first = waiting(&subscriber, "d:{b}:released", "tb", false);
+        handle(push(PushKind::SUnsubscribe, "d:{gone}:released", Value::Int(1))).unwrap();
+        handle(push(PushKind::SUnsubscribe, "d:{b}:released", Value::Int(1))).unwrap();
+        assert_eq!(*moved.borrow(), Announcement::Nothing);
+        assert_eq!(*first.borrow(), Announcement::Nothing);
+        handle(push(PushKind::SUnsubscribe, "d:{a}:released", Value::Int(0))).unwrap();
+        assert_eq!(*moved.borrow(), Announcement::Retry);
+        assert_eq!(*first.borrow(), Announcement::Nothing, "another channel's waiter");
+    }
+
+    /// A sharded message is an announcement like a plain one: a hand-over wakes its heir.
+    #[test]
+    fn sharded_messages_announce_hand_overs() {
+        let subscriber =
+            Subscriber::given(Timeouts { connect: Duration::from_secs(1), response: Duration::from_secs(1) });
+        let handle = subscriber.push_handler();
+        let heir = waiting(&subscriber, "d:{a}:released", "ta", true);
+        handle(push(PushKind::SMessage, "d:{a}:released", Value::BulkString(b"ta:7:100".to_vec()))).unwrap();
+        assert_eq!(*heir.borrow(), Announcement::HandedOver("ta:7:100".into()));
     }
 }

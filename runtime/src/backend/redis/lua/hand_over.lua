@@ -1,7 +1,7 @@
 -- hand_over(R) → the heir's token, or nil when nobody waits. Gives the free lock R to the longest-waiting
 -- waiter still refreshing its place, for the hand-over lease it registered, as a new grant (its time now,
 -- the holder field the heir registered: its owner and metadata), and announces
--- `<heir>:<fence>:<lease ms>` on `<R>:released`. Needs next_fence.
+-- `<heir>:<fence>:<lease ms>` on `<R>:released` (by SPUBLISH on a Redis Cluster: scripts.rs). Needs next_fence.
 local function hand_over(R)
   local Q = R .. ':queue'
   while true do
