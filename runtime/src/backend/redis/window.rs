@@ -14,7 +14,8 @@
 //! grows with jitter alone.)
 //!
 //! On loopback a call's round trip is mostly Redis's time, so the window stays near [`MIN`]..[`INITIAL`] and
-//! operations share calls; a network hop away it opens until every operation goes out at once.
+//! operations share calls; a network hop away it opens, so that no operation waits a round trip for a slot
+//! (there, the operations issued in one tick of the runtime share a call instead, see the coalescer).
 
 use std::time::Duration;
 
