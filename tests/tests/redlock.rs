@@ -117,6 +117,70 @@ async fn fencing_tokens_are_refused_not_faked() {
     }
 }
 
+/// Raises a per-server counter on each of `granting` (indices into `conns`) and returns the largest: the
+/// fencing token the naive scheme, "the maximum of the quorum's counters", would hand out for that grant.
+async fn naive_token(conns: &[redis::aio::MultiplexedConnection], granting: &[usize]) -> i64 {
+    let mut token = 0;
+    for &i in granting {
+        let value: i64 = conns[i].clone().incr("naive:ledger", 1).await.expect("INCR");
+        token = token.max(value);
+    }
+    token
+}
+
+/// The schedule that shows the maximum of per-server counters is no fencing token (issue 12; measured in
+/// shared/scale-out.md): rounds that reach only server 3 drive its counter up; A is granted by {2, 3} and
+/// releases; B is granted by {1, 2}. Counters raised by each grant's servers give B a lower maximum than A, so
+/// a fenced store would refuse the new holder and accept the stale one. On the same schedule distlock's
+/// guards claim no token at all, and no server keeps anything one could be read from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_schedule_that_breaks_the_maximum_of_counters_no_token_is_claimed() {
+    let _serial = distlock_tests::serial().await;
+    let fixture = Fixture::redlock().await;
+    let client = fixture.client();
+    let servers: Vec<&RedisServer> = fixture.redlock_servers().collect();
+    let pids: Vec<u32> = servers.iter().map(|s| s.pid().expect("pid")).collect();
+    let mut conns = Vec::new();
+    for server in &servers {
+        conns.push(server.connection().await);
+    }
+    let record = client.record_key("ledger");
+    let ttl = secs(2); // a server whose vote is needed waits at most ttl/20 = 100 ms
+    let settled = || async { servers_with(&fixture, &record).await == 0 };
+
+    // 1. Three rounds reach only server 3 (1 and 2 hung): no quorum, so no grant; its counter climbs.
+    let hung = [Stopped::stop(pids[0]), Stopped::stop(pids[1])];
+    for _ in 0..3 {
+        // Not granted: busy, or (as here, the majority silent) an error naming the servers that did not answer.
+        let outcome = client.lock("ledger").ttl(ttl).try_acquire().await;
+        assert!(!matches!(outcome, Ok(Some(_))), "granted by one server of three");
+        naive_token(&conns, &[2]).await;
+    }
+    hung.into_iter().for_each(Stopped::resume);
+    eventually(secs(8), "the failed rounds' grants given back", settled).await;
+
+    // 2. A is granted by {2, 3} (1 hung).
+    let hung = Stopped::stop(pids[0]);
+    let a = within(secs(5), "A on {2, 3}", client.lock("ledger").ttl(ttl).acquire()).await.expect("2 and 3 grant");
+    let naive_a = naive_token(&conns, &[1, 2]).await;
+    hung.resume();
+    assert_eq!(a.fencing_token(), 0, "A was handed a token");
+    assert!(a.try_fencing_token().is_err(), "A was handed a token");
+    a.release().await.expect("release");
+    eventually(secs(8), "A's record gone from every server", settled).await;
+
+    // 3. B is granted by {1, 2} (3 hung).
+    let hung = Stopped::stop(pids[2]);
+    let b = within(secs(5), "B on {1, 2}", client.lock("ledger").ttl(ttl).acquire()).await.expect("1 and 2 grant");
+    let naive_b = naive_token(&conns, &[0, 1]).await;
+    hung.resume();
+    assert!(naive_b < naive_a, "the counters' maximum did not go back ({naive_a} then {naive_b}): not the schedule");
+    assert_eq!(b.fencing_token(), 0, "B was handed a token");
+    assert!(b.try_fencing_token().is_err(), "B was handed a token");
+    b.release().await.expect("release");
+    assert_eq!(servers_with(&fixture, &format!("{record}:fence")).await, 0, "a server keeps a fence key");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_poll_and_get_the_lock_once_it_is_free() {
     let fixture = Fixture::redlock().await;
