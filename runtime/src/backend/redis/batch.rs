@@ -280,9 +280,10 @@ impl<T: Transport> Drainer<T> {
                 self.coalescer.slots().drainers_due += 1;
                 self.due = true;
             }
-            // Deferred until the runtime has run every task that is ready (tokio wakes yielded tasks only
-            // once its run queue is empty): the tasks this call's replies just woke, or that were woken with
-            // the caller that queued first, add their operations to this call.
+            // Deferred until the runtime has run every task that is ready (tokio wakes yielded tasks once its
+            // run queue is empty, and on a worker that never runs dry, at its maintenance pass every 61 polls):
+            // the tasks this call's replies just woke, or that were woken with the caller that queued first,
+            // add their operations to this call.
             tokio::task::yield_now().await;
             let batch: Vec<Queued> = {
                 let mut slots = self.coalescer.slots();
