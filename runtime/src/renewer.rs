@@ -28,6 +28,9 @@ struct Shared {
     wake: Notify,
     /// The client is gone: the scheduler ends.
     closed: AtomicBool,
+    /// How many times the scheduler looked at the queue (for the tests).
+    #[cfg(test)]
+    passes: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -36,6 +39,10 @@ struct Queue {
     due: BTreeMap<QueueKey, Weak<Grant>>,
     sequence: u64,
     task: Option<JoinHandle<()>>,
+    /// When the scheduler wakes by itself, as it last planned under this lock (`None`: only when woken). An
+    /// entry due no earlier needs no wake-up: a lock taken after the last one was released (one task in a
+    /// loop) costs the scheduler nothing.
+    wakes_at: Option<Instant>,
 }
 
 impl Shared {
@@ -74,12 +81,11 @@ fn schedule(shared: &Arc<Shared>, grant: &Arc<Grant>, when: Instant) {
     if let Some(old) = grant.queued().replace(key) {
         queue.due.remove(&old);
     }
-    let earliest = queue.due.first_key_value().is_none_or(|(&first, _)| key < first);
     queue.due.insert(key, Arc::downgrade(grant));
     // Started on first use, and again if the runtime it ran on has gone.
     if queue.task.as_ref().is_none_or(JoinHandle::is_finished) {
         queue.task = Some(tokio::spawn(run(Arc::clone(shared))));
-    } else if earliest {
+    } else if queue.wakes_at.is_none_or(|at| when < at) {
         drop(queue);
         shared.wake.notify_one();
     }
@@ -99,6 +105,8 @@ async fn run(strong: Arc<Shared>) {
         if strong.closed.load(Ordering::Acquire) {
             return;
         }
+        #[cfg(test)]
+        strong.passes.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         let mut due = Vec::new();
         let next = {
@@ -119,7 +127,9 @@ async fn run(strong: Arc<Shared>) {
                     _ => break,
                 }
             }
-            queue.due.first_key_value().map(|(&(when, _), _)| when)
+            let next = queue.due.first_key_value().map(|(&(when, _), _)| when);
+            queue.wakes_at = next;
+            next
         };
         due.retain(|grant| !grant.is_finished());
         if !due.is_empty() {
@@ -229,5 +239,40 @@ async fn expire(grant: Arc<Grant>, valid_until: Instant) {
     tokio::time::sleep_until(valid_until).await;
     if !grant.is_finished() {
         grant.mark_lost("max_hold reached: renewals stopped and the lease ran out");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use crate::Client;
+
+    /// One task taking and releasing a lock in a loop: each new grant is due after the one the scheduler
+    /// already sleeps for, so it is not woken for it (callgrind: 1.3k of 50k client instructions per cycle).
+    /// Real time: a paused clock would jump to the scheduler's timer whenever the runtime idles.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_lock_due_after_the_scheduler_s_wake_up_does_not_wake_it() {
+        let client = Client::builder().memory().build().await.expect("client");
+        for _ in 0..100 {
+            let guard = client.lock("k").ttl(Duration::from_secs(30)).acquire().await.expect("acquire");
+            // As a task waiting for Redis's answer to its release would: the scheduler runs if it was woken
+            // (the first time, it plans its wake-up for this lock's renewal, 10 s away).
+            tokio::task::yield_now().await;
+            guard.release().await.expect("release");
+        }
+        let passes = client.inner.renewer.shared.passes.load(Ordering::Relaxed);
+        assert!(passes <= 3, "the scheduler looked at its queue {passes} times for 100 lock cycles");
+        // A lock due before that wake-up (10 s away) still wakes it: its lease is renewed a third of a lease in.
+        let short = client.lock("short").ttl(Duration::from_millis(300)).acquire().await.expect("acquire");
+        let granted_until = short.deadline();
+        let renewed = async {
+            while short.deadline() <= granted_until {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), renewed).await.expect("the short lease was never renewed");
+        short.release().await.expect("release");
     }
 }
