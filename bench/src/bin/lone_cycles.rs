@@ -1,0 +1,65 @@
+//! Lone lock cycles for counting instructions: one task takes and releases one lock N times, with distlock
+//! or with the raw floor (`SET NX PX` + an `EVALSHA` compare-and-delete on a `ConnectionManager`), against the
+//! redis-server at `$REDIS_URL`. Run under callgrind twice and take the difference, which leaves out startup:
+//!
+//! ```sh
+//! cargo build --release -p distlock-bench --bin lone_cycles
+//! valgrind --tool=callgrind target/release/lone_cycles 1000 [raw]
+//! valgrind --tool=callgrind target/release/lone_cycles 6000 [raw]   # (Ir at 6000 - Ir at 1000) / 5000
+//! ```
+//!
+//! Instruction counts do not move with the machine's load, so they show client-side changes of a few percent
+//! that wall-clock runs on a shared virtual machine cannot (no hardware counters there).
+
+use std::time::Duration;
+
+/// The raw floor's release: delete the key if it still holds our token.
+const RAW_RELEASE: &str =
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+
+fn main() {
+    let url = std::env::var("REDIS_URL").expect("set REDIS_URL to a redis-server of your own");
+    let cycles: u64 = std::env::args().nth(1).map_or(10_000, |n| n.parse().expect("cycles: a whole number"));
+    let raw = std::env::args().nth(2).is_some_and(|a| a == "raw");
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    runtime.block_on(async move {
+        if raw {
+            raw_cycles(&url, cycles).await;
+        } else {
+            let client = distlock::Client::builder().redis(url).build().await.expect("client");
+            for _ in 0..cycles {
+                let guard = client.lock("lone").ttl(Duration::from_secs(30)).acquire().await.expect("acquire");
+                guard.release().await.expect("release");
+            }
+        }
+    });
+}
+
+async fn raw_cycles(url: &str, cycles: u64) {
+    let client = redis::Client::open(url).expect("URL");
+    let mut conn = redis::aio::ConnectionManager::new(client).await.expect("connect");
+    let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(RAW_RELEASE).query_async(&mut conn).await.expect("load");
+    for _ in 0..cycles {
+        let mut token = [0u8; 16];
+        getrandom::fill(&mut token).expect("randomness");
+        let set: redis::Value = redis::cmd("SET")
+            .arg("lone-raw")
+            .arg(&token[..])
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .query_async(&mut conn)
+            .await
+            .expect("SET");
+        assert!(matches!(set, redis::Value::Okay), "the key was taken");
+        let deleted: i64 = redis::cmd("EVALSHA")
+            .arg(&sha)
+            .arg(1)
+            .arg("lone-raw")
+            .arg(&token[..])
+            .query_async(&mut conn)
+            .await
+            .expect("EVALSHA");
+        assert_eq!(deleted, 1, "the key was not ours");
+    }
+}
