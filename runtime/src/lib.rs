@@ -38,7 +38,7 @@
 //! At the end of a process, [`Client::shutdown`] stops new and waiting requests at once
 //! ([`LockError::ShuttingDown`]), gives lock bodies a grace period, then releases what is still held (those
 //! bodies see [`LockError::Lost`]), and resolves when no body of the client runs and nothing of it is left in
-//! the store but fencing keys, which expire.
+//! the store but freed records keeping their last fencing tokens, which expire with their leases.
 //!
 //! ## Cargo features
 //!

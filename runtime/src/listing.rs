@@ -16,8 +16,9 @@ pub const MAX_WAITERS_LISTED: usize = 1000;
 
 /// The names of the held locks matching a pattern, a page at a time (from [`Client::list_locks`]).
 ///
-/// It reads keys only, with Redis `SCAN` (never `KEYS`): each page is one `SCAN` step on one server (on a
-/// cluster, every primary in turn), so memory stays bounded by a page and Redis is never blocked for long.
+/// It reads keys with Redis `SCAN` (never `KEYS`), and the first bytes of each record found (to leave out the
+/// released ones): each page is one `SCAN` step on one server (on a cluster, every primary in turn), so memory
+/// stays bounded by a page and Redis is never blocked for long.
 /// As `SCAN` promises, a lock held for the whole listing is listed, one taken or released meanwhile may or may
 /// not be, and a name may come twice (when Redis resizes its table meanwhile, or on Redlock, once per server
 /// holding it; there a record left on a minority of the servers, as a release's last one for a moment after it
@@ -81,8 +82,10 @@ impl Client {
     /// this client's key prefix. (Inside `[...]`, `%`, `{` and `}` are not matched: keys hold them encoded.)
     /// Read [`lock_infos`](Self::lock_infos) for their records.
     ///
-    /// On Redis it needs the `SCAN` command (on a cluster also `CLUSTER SLOTS`), beyond the rights of the
-    /// README's least-privilege user.
+    /// On Redis it needs the `SCAN` and `GETRANGE` commands (on a cluster also `CLUSTER SLOTS`), beyond the
+    /// rights of the README's least-privilege user: `GETRANGE` reads the first bytes of each record found, to
+    /// leave out released locks (their records stay, freed, for the rest of their lease, keeping the last
+    /// fencing token).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {

@@ -42,9 +42,9 @@ impl Client {
     ///   so it should stop on [`LockGuard::lost`](crate::LockGuard::lost); code that holds a
     ///   [`LockGuard`](crate::LockGuard) itself, outside `run`, is told and not awaited.
     ///
-    /// What stays on the server is what outlives any release by design, each with an expiry: a lock's fencing
-    /// key (`<record>:fence`, kept a few minutes past the last lease so that tokens keep rising; the README's
-    /// "What is stored in Redis" gives its life) and records kept by `min_hold`. If the server cannot be
+    /// What stays on the server is what outlives any release by design, each with its lease's expiry: a freed
+    /// lock's record, which keeps only its last fencing token so that tokens keep rising (the README's "What is
+    /// stored in Redis" gives its life), and records kept by `min_hold`. If the server cannot be
     /// reached, a release or withdrawal that fails is logged and what it would have removed expires by itself
     /// (records with their lease, queue places within three retry intervals); shutdown still resolves.
     ///

@@ -265,7 +265,7 @@ async fn distinct_template_values_never_share_a_lock() {
         assert_eq!(record.matches('{').count(), 1, "{record}");
         assert_eq!(record.matches('}').count(), 1, "{record}");
         assert!(record.ends_with('}'), "{record}: the value moved the hash tag");
-        for suffix in [":fence", ":released"] {
+        for suffix in [":queue", ":released"] {
             if let Some(base) = record.strip_suffix(suffix) {
                 assert!(!records.contains(base), "{record} is the internal key of lock {base}");
             }

@@ -188,7 +188,7 @@ fn slot_of(key: &str) -> u16 {
 /// the migration.
 ///
 /// What it found, and what keeps it passing: while a slot migrates, a lock's other keys (`:queue`,
-/// `:waiter:<token>`, `:fence`) can be on the new node while the record is still on the old one, so a script
+/// `:waiter:<token>`) can be on the new node while the record is still on the old one, so a script
 /// stops with "non local key" (sent again a moment later, it finds them together); and the redis crate's
 /// cluster connection, which also carries the subscriptions, once delivered a subscription's confirmation as
 /// a script's reply, after which each reply went to the call after its own and two tasks held one lock. Every

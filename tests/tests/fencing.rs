@@ -1,5 +1,6 @@
 //! Fencing tokens that survive state loss (issue 16): they keep rising across a restart without persistence
-//! and a FLUSHALL, stay exact in JSON (below 2^53), and no key distlock writes is kept without an expiry.
+//! and a FLUSHALL, stay exact in JSON (below 2^53), and no key distlock writes is kept without an expiry: a
+//! released lock leaves only its freed record, which keeps its last token for the rest of its lease.
 
 use std::time::Duration;
 
@@ -7,11 +8,8 @@ use distlock::Client;
 use distlock_tests::time::{ms, secs};
 use distlock_tests::RedisServer;
 
-/// The retention README documents for a lock's last fencing token, past its grant's lease: at least this...
-const FENCE_RETENTION: Duration = Duration::from_secs(60);
-/// ...and on Redis at most two of these longer (a grant sets the key's expiry once per window of the server's
-/// clock, and keeps it otherwise).
-const FENCE_REFRESH: Duration = Duration::from_secs(100);
+/// What a freed record holds in place of a holder's token (the README's "What is stored in Redis").
+const FREED: &str = "================================";
 
 async fn pttl(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
@@ -60,13 +58,12 @@ async fn tokens_rise_across_flushall() {
 }
 
 /// Many distinct keys locked (some through the wait queue and hand-overs) and released leave no key without
-/// an expiry, none kept for less than its lease plus the documented retention, and none that outlives the
-/// documented bound.
+/// an expiry: only their freed records, each keeping its last token no longer than the rest of its lease; once
+/// the leases have run out, nothing of them is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn released_locks_leave_no_key_without_an_expiry() {
     let server = RedisServer::new();
     let client = client(&server).await;
-    let started = std::time::Instant::now();
     let ttl = secs(2);
     let tasks: Vec<_> = (0..500)
         .map(|i| {
@@ -98,76 +95,76 @@ async fn released_locks_leave_no_key_without_an_expiry() {
 
     let mut conn = server.connection().await;
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
-    assert!(keys.len() >= 500, "expected the fencing state of 500 keys, found {} keys", keys.len());
-    let most = ttl + FENCE_RETENTION + 2 * FENCE_REFRESH;
-    // Every grant came after `started`, so its token must still be kept this long from now.
-    let least = (ttl + FENCE_RETENTION).saturating_sub(started.elapsed());
+    assert!(keys.len() >= 500, "expected the freed records of 500 keys, found {} keys", keys.len());
     for key in &keys {
         let pttl = pttl(&mut conn, key).await;
         assert!(pttl > 0, "{key} has no expiry (PTTL {pttl})");
-        let kept = Duration::from_millis(pttl as u64);
-        assert!(kept <= most, "{key} is kept {pttl} ms, past {most:?}");
-        assert!(kept >= least, "{key} is kept only {pttl} ms, less than {least:?}");
+        assert!(Duration::from_millis(pttl as u64) <= ttl, "{key} is kept {pttl} ms, past its lease of {ttl:?}");
+        let value: String = redis::cmd("GET").arg(key).query_async(&mut conn).await.unwrap();
+        let fence = value.strip_prefix(FREED).and_then(|rest| rest.strip_prefix(':'));
+        assert!(fence.is_some_and(|f| f.parse::<u64>().is_ok()), "{key} is not a freed record: {value:?}");
+    }
+    // Redis expires them by itself (its active expiry samples keys ten times a second).
+    let deadline = tokio::time::Instant::now() + ttl + secs(20);
+    loop {
+        let left: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+        if left == 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{left} keys left {:?} after their leases", ttl + secs(20));
+        tokio::time::sleep(ms(100)).await;
     }
 }
 
-/// A grant soon after another keeps the fencing key's expiry (no new expiry per grant), which still covers
-/// its lease plus the retention; a lease as long as the refresh window sets a new one that covers it.
+/// A released lock's record is freed in place: it keeps the last token and the lease's expiry (KEEPTTL, no
+/// new expiry written), and the next grant follows that token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_fence_expiry_is_kept_within_a_window_and_covers_every_lease() {
+async fn a_freed_record_keeps_the_last_token_for_the_rest_of_its_lease() {
     let server = RedisServer::new();
     let client = client(&server).await;
-    let fence_key = client.record_key("report:3") + ":fence";
+    let record = client.record_key("report:3");
     let mut conn = server.connection().await;
 
-    let first = fence_of_one_grant(&client, "report:3").await;
-    let after_first = pttl(&mut conn, &fence_key).await;
-    // Time for the kept expiry to show: it runs down, where a new one would start over.
+    let guard = client.lock("report:3").ttl(secs(5)).acquire().await.expect("acquire");
+    let first = guard.fencing_token();
+    // Time for the lease to run down, so that a kept expiry shows against a new one.
     tokio::time::sleep(ms(300)).await;
-    let second = fence_of_one_grant(&client, "report:3").await;
-    let after_second = pttl(&mut conn, &fence_key).await;
-    assert!(second > first, "tokens rise: {first} then {second}");
-    // Set by the first grant to its lease + retention + two windows; kept by the second unless a window of
-    // the server's clock began between them (then set again, to the same length).
-    assert!(after_first > (secs(5) + FENCE_RETENTION).as_millis() as i64, "first grant: PTTL {after_first}");
-    assert!(after_second > (secs(5) + FENCE_RETENTION).as_millis() as i64, "second grant: PTTL {after_second}");
-    let window = FENCE_REFRESH.as_micros() as u64;
-    assert!(
-        after_second <= after_first - 200 || second / window != first / window,
-        "the second grant, in the first one's window, set a new expiry: PTTL {after_first} then {after_second}"
-    );
-
-    let long = FENCE_REFRESH + secs(1);
-    let guard = client.lock("report:3").ttl(long).acquire().await.expect("acquire with a long lease");
-    assert!(guard.fencing_token() > second);
-    let after_long = pttl(&mut conn, &fence_key).await;
-    assert!(
-        after_long > (long + FENCE_RETENTION).as_millis() as i64,
-        "a {long:?} lease keeps the token only {after_long} ms"
-    );
     guard.release().await.expect("release");
+    let value: String = redis::cmd("GET").arg(&record).query_async(&mut conn).await.unwrap();
+    assert_eq!(value, format!("{FREED}:{first}"));
+    let left = pttl(&mut conn, &record).await;
+    assert!(left > 0 && left <= 4_700, "the freed record keeps the lease's expiry: PTTL {left}");
+    assert!(client.lock_info("report:3").await.expect("lock_info").is_none(), "a freed lock reads as free");
+    let listed = client.list_locks("*").next_page().await.expect("list_locks");
+    assert_eq!(listed, None, "a freed lock is listed as held");
+
+    let second = fence_of_one_grant(&client, "report:3").await;
+    assert!(second > first, "tokens rise: {first} then {second}");
+    client.lock("report:3").ttl(secs(5)).acquire().await.expect("acquire").release().await.expect("release");
+    assert!(!client.force_unlock("report:3").await.expect("force_unlock"), "a freed lock reads as held");
 }
 
 /// A last token ahead of the server's clock (as after the clock stepped back) is followed by the next number,
-/// and one far behind it (a counter an older version left, without expiry) by the clock; either way the key
-/// gets an expiry that covers the lease plus the retention.
+/// and one far behind it by the clock; a key of an earlier design (`:fence`) is neither read nor written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tokens_follow_a_last_token_ahead_of_the_clock_and_replace_an_old_counter() {
+async fn tokens_follow_a_last_token_ahead_of_the_clock_and_the_clock_past_an_old_one() {
     let server = RedisServer::new();
     let client = client(&server).await;
     let mut conn = server.connection().await;
-    let kept_at_least = (secs(5) + FENCE_RETENTION).as_millis() as i64;
 
-    let ahead_key = client.record_key("report:4") + ":fence";
+    let ahead_record = client.record_key("report:4");
     let ahead: u64 = 9_000_000_000_000_000;
-    let () = redis::cmd("SET").arg(&ahead_key).arg(ahead).arg("PX").arg(1000).query_async(&mut conn).await.unwrap();
+    let freed = format!("{FREED}:{ahead}");
+    let () = redis::cmd("SET").arg(&ahead_record).arg(freed).arg("PX").arg(5000).query_async(&mut conn).await.unwrap();
     assert_eq!(fence_of_one_grant(&client, "report:4").await, ahead + 1);
     assert_eq!(fence_of_one_grant(&client, "report:4").await, ahead + 2);
-    assert!(pttl(&mut conn, &ahead_key).await > kept_at_least);
 
-    let counter_key = client.record_key("report:5") + ":fence";
-    let () = redis::cmd("SET").arg(&counter_key).arg(7).query_async(&mut conn).await.unwrap();
+    let old_record = client.record_key("report:5");
+    let freed = format!("{FREED}:7");
+    let () = redis::cmd("SET").arg(&old_record).arg(freed).arg("PX").arg(5000).query_async(&mut conn).await.unwrap();
+    let old_fence_key = format!("{old_record}:fence");
+    let () = redis::cmd("SET").arg(&old_fence_key).arg(9_100_000_000_000_000u64).query_async(&mut conn).await.unwrap();
     let token = fence_of_one_grant(&client, "report:5").await;
-    assert!(token > 1_600_000_000_000_000, "the clock's µs, not the counter's next: {token}");
-    assert!(pttl(&mut conn, &counter_key).await > kept_at_least);
+    assert!((1_600_000_000_000_000..9_000_000_000_000_000).contains(&token), "the clock's µs, not 8: {token}");
+    assert_eq!(pttl(&mut conn, &old_fence_key).await, -1, "the old key was touched");
 }

@@ -359,7 +359,6 @@ async fn s15_3_lease_assumed_after_dropped_reply() {
     let mut admin = fx.redis_connection().expect("redis");
     let record = fx.client().record_key(KEY);
     // The crashed holder: its record (token, fence 1, no waiter yet) with a lease longer than the test.
-    let _: () = redis::cmd("SET").arg(format!("{record}:fence")).arg(1).query_async(&mut admin).await.unwrap();
     let crashed = format!("{}:1:crashed holder", "deadbeef".repeat(4));
     let _: () =
         redis::cmd("SET").arg(&record).arg(crashed).arg("PX").arg(30_000).query_async(&mut admin).await.unwrap();

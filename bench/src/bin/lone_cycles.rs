@@ -4,9 +4,13 @@
 //!
 //! ```sh
 //! cargo build --release -p distlock-bench --bin lone_cycles
-//! valgrind --tool=callgrind target/release/lone_cycles 1000 [raw]
-//! valgrind --tool=callgrind target/release/lone_cycles 6000 [raw]   # (Ir at 6000 - Ir at 1000) / 5000
+//! valgrind --tool=callgrind target/release/lone_cycles 1000 [raw|fresh]
+//! valgrind --tool=callgrind target/release/lone_cycles 6000 [raw|fresh]   # (Ir at 6000 - Ir at 1000) / 5000
 //! ```
+//!
+//! `fresh` locks a new key each cycle (one lock per id, never locked before), where distlock's cycles otherwise
+//! take the same key again. Run redis-server itself under callgrind (and `callgrind_control -d` after each
+//! run) to count what a cycle costs Redis.
 //!
 //! Instruction counts do not move with the machine's load, so they show client-side changes of a few percent
 //! that wall-clock runs on a shared virtual machine cannot (no hardware counters there).
@@ -21,14 +25,17 @@ fn main() {
     let url = std::env::var("REDIS_URL").expect("set REDIS_URL to a redis-server of your own");
     let cycles: u64 = std::env::args().nth(1).map_or(10_000, |n| n.parse().expect("cycles: a whole number"));
     let raw = std::env::args().nth(2).is_some_and(|a| a == "raw");
+    let fresh = std::env::args().nth(2).is_some_and(|a| a == "fresh");
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     runtime.block_on(async move {
         if raw {
             raw_cycles(&url, cycles).await;
         } else {
             let client = distlock::Client::builder().redis(url).build().await.expect("client");
-            for _ in 0..cycles {
-                let guard = client.lock("lone").ttl(Duration::from_secs(30)).acquire().await.expect("acquire");
+            let run = std::process::id();
+            for cycle in 0..cycles {
+                let key = if fresh { format!("lone:{run}:{cycle}") } else { "lone".to_owned() };
+                let guard = client.lock(key).ttl(Duration::from_secs(30)).acquire().await.expect("acquire");
                 guard.release().await.expect("release");
             }
         }

@@ -31,7 +31,7 @@ pub(crate) struct Place {
 /// The SCAN `MATCH` pattern selecting the records of the locks whose names match `names` (Redis glob syntax:
 /// `*`, `?`, `[abc]`, `[^a-z]`, `\` escapes), and nothing else: `<prefix>{<pattern>}` with the prefix's glob
 /// characters escaped and the pattern's literal `%`, `{` and `}` percent-encoded as the record key encodes
-/// them. A derived key (`:fence`, `:queue`, `:waiter:…`) never ends with `}`, so it never matches.
+/// them. A derived key (`:queue`, `:waiter:…`) never ends with `}`, so it never matches.
 pub(crate) fn record_pattern(prefix: &str, names: &str) -> String {
     let mut out = String::with_capacity(prefix.len() + names.len() + 8);
     for c in prefix.chars() {
@@ -192,7 +192,7 @@ mod tests {
         let glob = record_pattern(prefix, "*");
         let keys = LockKeys::new(prefix, "report:1".into());
         for derived in
-            [keys.fence(), keys.channel(), format!("{}:queue", keys.record), format!("{}:waiter:ab", keys.record)]
+            [keys.channel(), format!("{}:queue", keys.record), format!("{}:waiter:ab", keys.record)]
         {
             assert!(!glob_matches(glob.as_bytes(), derived.as_bytes()), "{derived}");
         }
@@ -206,7 +206,7 @@ mod tests {
             assert_eq!(name_of_record("distlock:", &keys.record).as_deref(), Some(name));
         }
         for not_a_record in
-            ["distlock:{a}:fence", "distlock:{a}:queue", "other:{a}", "distlock:{a%41}", "distlock:{a}}"]
+            ["distlock:{a}:waiter:ab", "distlock:{a}:queue", "other:{a}", "distlock:{a%41}", "distlock:{a}}"]
         {
             assert_eq!(name_of_record("distlock:", not_a_record), None, "{not_a_record}");
         }

@@ -39,13 +39,6 @@ impl LockKeys {
         Self { name, record }
     }
 
-    /// `<prefix>{<key>}:fence`: the last fencing token, kept for the grant's lease plus [`FENCE_RETENTION`] (on
-    /// Redis up to two [`FENCE_REFRESH`] longer).
-    /// Derived, not stored: a held lock keeps only what its renewals and release need.
-    pub(crate) fn fence(&self) -> String {
-        format!("{}{FENCE}", self.record)
-    }
-
     /// `<prefix>{<key>}:released`: the pub/sub channel hand-overs are announced on (the scripts append the
     /// same suffix to KEYS[1]).
     pub(crate) fn channel(&self) -> String {
@@ -53,22 +46,13 @@ impl LockKeys {
     }
 }
 
-/// How long a lock's last fencing token is kept after its grant's lease: the next token is
-/// `max(last + 1, the server's clock in µs)`, so past this the clock alone keeps tokens rising, and no state of
-/// a released lock outlives it.
+/// How long the in-process store keeps a lock's last fencing token after its grant's lease: the next token is
+/// `max(last + 1, the clock in µs)`, so past this the clock alone keeps tokens rising, and no state of a
+/// released lock outlives it. (Redis keeps it in the freed record, for the rest of the lease: fence.lua.)
 pub(crate) const FENCE_RETENTION: Duration = Duration::from_secs(60);
 
-/// How often, at most, a Redis grant sets the expiry of its lock's last fencing token instead of keeping it:
-/// once per 100 s of the server's clock (the token's digits above 10^8 µs), and on every grant of a lease this
-/// long or longer. So the token is kept at least its lease plus [`FENCE_RETENTION`], at most its lease plus
-/// [`FENCE_RETENTION`] and two of these (`fence.lua` says why).
-// Written into the scripts (fence.lua, record.lua's KEEP_MS); a unit test ties them to this value.
-#[cfg_attr(not(test), allow(dead_code))]
-pub(crate) const FENCE_REFRESH: Duration = Duration::from_secs(100);
-
-/// The suffixes of the lock's derived names the client uses itself. The Redis scripts name these and the
-/// wait queue's keys after the record on their own (a unit test checks they agree).
-pub(crate) const FENCE: &str = ":fence";
+/// The suffix of the lock's channel, the one derived name the client uses itself. The Redis scripts name it
+/// and the wait queue's keys after the record on their own (a unit test checks they agree).
 pub(crate) const CHANNEL: &str = ":released";
 
 /// Published on a lock's channel instead of a hand-over (`<heir>:<fence>:<lease ms>`) when the lock was freed
@@ -300,12 +284,11 @@ mod tests {
     fn keys_share_one_hash_tag_and_cannot_collide() {
         let k = LockKeys::new("distlock:", "report:42".into());
         assert_eq!(k.record, "distlock:{report:42}");
-        assert_eq!(k.fence(), "distlock:{report:42}:fence");
         assert_eq!(k.channel(), "distlock:{report:42}:released");
-        // A key that tries to close the tag early, or to name another lock's counter, is escaped.
-        let evil = LockKeys::new("distlock:", "a}:fence".into());
-        assert_eq!(evil.record, "distlock:{a%7D:fence}");
-        assert_ne!(evil.record, LockKeys::new("distlock:", "a".into()).fence());
+        // A key that tries to close the tag early, or to name another lock's queue, is escaped.
+        let evil = LockKeys::new("distlock:", "a}:queue".into());
+        assert_eq!(evil.record, "distlock:{a%7D:queue}");
+        assert_ne!(evil.record, format!("{}:queue", LockKeys::new("distlock:", "a".into()).record));
         assert_ne!(LockKeys::new("p:", "%7B".into()).record, LockKeys::new("p:", "{".into()).record);
     }
 }

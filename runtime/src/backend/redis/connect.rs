@@ -210,9 +210,10 @@ impl RedisBackend {
                 self.release(&keys, &waiter, None).await?;
             }
         }
-        // The probe's own fencing counter is the one key it leaves behind; don't.
+        // The probe's freed record, which keeps its last fencing token for the rest of its lease, is the one key
+        // it leaves behind; don't.
         let mut conn = self.commands.clone();
-        let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(keys.fence()).query_async(&mut conn).await;
+        let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(&keys.record).query_async(&mut conn).await;
         Ok(())
     }
 }

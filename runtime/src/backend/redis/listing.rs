@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redis::Cmd;
 
-use super::scripts::record::split_holder;
+use super::scripts::record::{self, split_holder};
 use super::scripts::WAITERS;
 use super::{unexpected_reply, RedisBackend};
 use crate::backend::{LockKeys, Place, ScanState};
@@ -28,7 +28,7 @@ impl RedisBackend {
         let nodes = scan.nodes.as_deref().unwrap_or_default();
         let mut cmd = Cmd::new();
         cmd.arg("SCAN").arg(scan.cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(count.max(1));
-        let (cursor, keys): (u64, Vec<String>) = match nodes.get(scan.server) {
+        let (cursor, mut keys): (u64, Vec<String>) = match nodes.get(scan.server) {
             Some((host, port)) => self.commands.query_on_address(cmd, host, *port).await,
             None if nodes.is_empty() => cmd.query_async(&mut self.commands.clone()).await,
             None => {
@@ -42,7 +42,26 @@ impl RedisBackend {
             scan.server += 1;
             scan.done = scan.server >= nodes.len().max(1);
         }
+        self.drop_freed(&mut keys).await;
         Ok(keys)
+    }
+
+    /// Leaves out of `records` the freed ones (a released lock keeping its last fencing token for the rest of
+    /// its lease) and those gone since the SCAN: one GETRANGE of the token's place each, all sent at once (on
+    /// a cluster each to its record's node). A record that cannot be read stays: `lock_infos` tells.
+    async fn drop_freed(&self, records: &mut Vec<String>) {
+        let heads = futures_util::future::join_all(records.iter().map(|record| {
+            let mut cmd = Cmd::new();
+            cmd.arg("GETRANGE").arg(record).arg(0).arg(record::FREED.len() - 1);
+            let mut conn = self.commands.clone();
+            async move { cmd.query_async::<Vec<u8>>(&mut conn).await }
+        }))
+        .await;
+        let mut heads = heads.into_iter();
+        records.retain(|_| match heads.next() {
+            Some(Ok(head)) => !head.is_empty() && head != record::FREED.as_bytes(),
+            _ => true,
+        });
     }
 
     /// The live waiters in `keys`'s queue, from its head, at most `limit` places looked at.

@@ -100,7 +100,7 @@ impl std::fmt::Debug for RedisBackend {
 
 impl RedisBackend {
     /// This server as one of a Redlock group: its grants take neither a fencing token nor a place in a queue
-    /// (ACQUIRE_PLAIN: one SET NX PX, no fence key, no queue check). Redlock refuses fencing and has no queue,
+    /// (ACQUIRE_PLAIN: one SET NX PX, no last token read, no queue check). Redlock refuses fencing and has no queue,
     /// so they would cost Redis time for nothing; with 64 tasks on 5 servers sharing one CPU, that time was
     /// the difference between 0.88 and 1.15 of rslock's Redlock (docs/performance.md).
     pub(crate) fn plain(mut self) -> Self {

@@ -64,6 +64,9 @@ pub(super) mod record {
     /// The fencing token's first digit.
     #[cfg_attr(not(test), expect(dead_code, reason = "only the scripts read records; Rust checks the offset"))]
     pub(in super::super) const FENCE_AT: usize = TOKEN_LEN + 2;
+    /// What a freed record holds in place of a holder's token: `<FREED>:<fence>` is a released lock keeping
+    /// its last fencing token for the rest of its lease, for the next grant (fence.lua).
+    pub(in super::super) const FREED: &str = "================================";
     /// The mark of a record a waiter may be queued behind.
     #[cfg_attr(not(test), expect(dead_code, reason = "only the scripts read records; Rust checks the mark"))]
     pub(in super::super) const QUEUED_MARK: u8 = b'+';
@@ -291,7 +294,7 @@ pub(super) static WAITERS: Lazy<LuaScript> = Lazy::new(|| LuaScript::new(include
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{CHANNEL, FENCE, FENCE_REFRESH, FENCE_RETENTION};
+    use crate::backend::CHANNEL;
 
     /// Every script, named; the same as [`all_scripts`], in its order.
     fn all() -> [(&'static str, &'static LuaScript); 14] {
@@ -330,7 +333,7 @@ mod tests {
             ("FENCE_AT", FENCE_AT.to_string()),
             ("QUEUED_MARK", QUEUED_MARK.to_string()),
             ("NOBODY", format!("'{}'", "-".repeat(TOKEN_END))),
-            ("KEEP_MS", (FENCE_RETENTION + 2 * FENCE_REFRESH).as_millis().to_string()),
+            ("FREED", format!("'{FREED}'")),
             ("BUSY", BUSY.to_string()),
             ("GRANTED", GRANTED.to_string()),
             ("EXPIRED", EXPIRED.to_string()),
@@ -348,6 +351,8 @@ mod tests {
     /// constants, one `local NAME = value` each.
     #[test]
     fn record_lua_names_the_values_rust_derives() {
+        assert_eq!(record::FREED.len(), record::TOKEN_END);
+        assert!(!record::FREED.bytes().any(|b| b.is_ascii_hexdigit()), "a hex token could equal FREED");
         let lua: Vec<(String, String)> = include_str!("lua/record.lua")
             .lines()
             .filter_map(|line| line.strip_prefix("local "))
@@ -382,6 +387,7 @@ mod tests {
                 assert_eq!(hits.count(), 0, "a literal {number} in\n{code}");
             }
             assert!(!code.contains("string.rep('-'"), "the no-owner token spelt out in\n{code}");
+            assert!(!code.contains("string.rep('='") && !code.contains("'=="), "the freed token spelt out in\n{code}");
         }
     }
 
@@ -405,27 +411,29 @@ mod tests {
     /// time on every call.
     #[test]
     fn fast_paths_come_before_the_functions() {
-        for (script, fast) in [(&*ACQUIRE, "if redis.call('exists'"), (&*RELEASE, "redis.call('del', R)")] {
+        let fast_paths = [
+            (&*ACQUIRE, "elseif redis.call('exists', R .. ':queue') == 0 then"),
+            (&*RELEASE, "redis.call('set', R, FREED .. ':' .. fence, 'keepttl')"),
+        ];
+        for (script, fast) in fast_paths {
             let fast = script.source.find(fast).expect("fast path");
             let first_other_fn = script.source.find("local function hand_over").expect("hand_over");
             assert!(fast < first_other_fn, "{}", script.source);
         }
     }
 
-    /// Every grant keeps the last fencing token for its lease plus the retention the client documents: it
-    /// keeps the key's expiry only within one refresh window (the token's digits above 10^8 µs) for a lease
-    /// shorter than it (at most five digits of ms), and otherwise sets it to the lease plus KEEP_MS.
+    /// No script writes a key without an expiry, or a key of its own for the fencing token: a freed record
+    /// keeps the record's expiry (KEEPTTL), and every other write sets one.
     #[test]
-    fn scripts_keep_the_fence_for_the_documented_retention() {
-        assert_eq!(FENCE_REFRESH.as_micros(), 10u128.pow(8), "the window is the token's digits above the 8th");
-        assert_eq!(FENCE_REFRESH.as_millis(), 10u128.pow(5), "a lease shorter than the window has 5 digits of ms");
-        for script in [&*ACQUIRE, &*BATCH, &*RELEASE] {
-            let source = &script.source;
-            assert!(source.contains("redis.call('set', F, text, 'keepttl', 'get')"), "{source}");
-            assert!(source.contains("#px <= 5 and"), "{source}");
-            assert!(source.contains("string.sub(last, 1, -9) == string.sub(text, 1, -9)"), "{source}");
-            assert!(source.contains("redis.call('set', F, text, 'px', px + KEEP_MS)"), "{source}");
-            assert!(!source.contains("'incr'"), "a fence without expiry in\n{source}");
+    fn every_write_keeps_or_sets_an_expiry() {
+        for (name, script) in all() {
+            let source = script.source;
+            assert!(!source.contains("'incr'") && !source.contains(":fence"), "{name}:\n{source}");
+            for (at, _) in source.match_indices("redis.call('set', ") {
+                let line = source[at..].lines().next().unwrap_or_default();
+                let expiring = line.contains("'px', ") || line.contains("'keepttl'");
+                assert!(expiring, "{name} writes without an expiry: {line}");
+            }
         }
     }
 
@@ -479,12 +487,10 @@ mod tests {
         }
     }
 
-    /// The scripts name a lock's fencing counter and channel after its record exactly as the client does.
+    /// The scripts name a lock's channel after its record exactly as the client does.
     #[test]
     fn scripts_derive_the_same_key_names_as_the_client() {
-        for suffix in [FENCE, CHANNEL] {
-            assert!(ACQUIRE.source.contains(&format!("R .. '{suffix}'")), "{suffix}");
-        }
+        assert!(ACQUIRE.source.contains(&format!("R .. '{CHANNEL}'")), "{CHANNEL}");
     }
 }
 

@@ -3,8 +3,8 @@
 -- GRANTED, 0, ttl: the lock was free, or already this token's (a resent attempt), and is now the token's for
 --   ttl from now;
 -- BUSY, 0, its PTTL: another grant holds it.
--- The record is the one record.lua describes, with fence 0 and the server's clock as <granted>; no fence key
--- and no queue are read or written, which is what makes this cheaper than ACQUIRE for Redis. Needs PAD
+-- The record is the one record.lua describes, with fence 0 and the server's clock as <granted> (a release
+-- deletes it: fence.lua's `free`); no last token and no queue are read or written, which is what makes this cheaper than ACQUIRE for Redis. Needs PAD
 -- (fence.lua).
 local function acquire_plain(R, token, ttl, holder)
   local t = redis.call('time')
@@ -14,6 +14,11 @@ local function acquire_plain(R, token, ttl, holder)
   local v = redis.call('get', R)
   if string.sub(v, 1, TOKEN_END) == token then
     redis.call('pexpire', R, ttl)
+    return GRANTED, 0, ttl
+  end
+  -- Freed by a store with tokens on the same server (record.lua): free here too.
+  if string.sub(v, 1, TOKEN_END) == FREED then
+    redis.call('set', R, token .. ':0:' .. t[1] .. PAD[#t[2]] .. t[2] .. ':' .. holder, 'px', ttl)
     return GRANTED, 0, ttl
   end
   return BUSY, 0, redis.call('pttl', R)

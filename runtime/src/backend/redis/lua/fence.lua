@@ -1,44 +1,43 @@
--- next_fence(R, px) → the lock's next fencing token as decimal text, and the server's clock in µs as decimal
+-- next_fence(last) → the lock's next fencing token as decimal text, and the server's clock in µs as decimal
 -- text (the grant's time, which the record keeps; the token's own text unless the last token was ahead of the
--- clock). The token is max(last token + 1, the server's clock in µs), where the last token is kept in
--- `<R>:fence`. The clock keeps tokens rising when that key is gone (a restart without persistence, FLUSHALL, a
--- failover to a replica that missed it, or its retention passed); the key keeps them strictly rising within
--- one microsecond and across a clock step back shorter than its life.
---
--- How long `<R>:fence` lives: at least the grant's lease (px ms) + RETENTION_MS, at most px + KEEP_MS. Setting
--- an expiry on every grant costs Redis more than the rest of the token (the command is rewritten with an
--- absolute time for replication), so the key's expiry is set to px + KEEP_MS only when the last token is not
--- in this grant's REFRESH_MS window of the clock (the token's digits above 10^8 µs, 100 s, differ), when the
--- lease is REFRESH_MS or longer (its text has more than five digits), or when the key is new; other grants
--- keep its expiry (KEEPTTL). That is enough: the grant that set it did so at most REFRESH_MS ago with KEEP_MS =
--- RETENTION_MS + 2 REFRESH_MS, and this lease is shorter than REFRESH_MS. A token that did not come from the
--- clock (the clock was behind) always sets it.
+-- clock). `last` is the lock's last token as its record still holds it (held, kept by min_hold, or FREED:
+-- record.lua), or nil when the record is gone. The token is max(last + 1, the server's clock in µs). The clock
+-- keeps tokens rising when the record is gone: it goes only when its lease ran out (a lease, renewals
+-- included, ends at least ttl after its grant, so the clock has passed the grant's token by then, unless it
+-- stepped back by more than that), or with a restart without persistence, FLUSHALL or a failover to a replica
+-- that missed it. The record's token keeps them strictly rising within one microsecond and across a clock
+-- step back while it lives. No other key is written: a second key with its own expiry cost Redis more than
+-- the rest of the grant.
 --
 -- The token is built as text from TIME's two fields, never through a Lua number: Lua would print a 16-digit
 -- number as 1.79e+15, and reading TIME's strings as numbers and printing them back costs Redis as much as a
 -- command. Tokens of equal length compare as text like numbers (digits only).
 --
--- grant(R, token, ttl, holder) → the fencing token (decimal text) of a new grant of the free lock R to `token`
--- for ttl ms; `holder` is the record's last field as the client sends it (record.lua).
+-- grant(R, token, ttl, holder, last) → the fencing token (decimal text) of a new grant of the free lock R to
+-- `token` for ttl ms; `holder` is the record's last field as the client sends it (record.lua), `last` as for
+-- next_fence.
 local PAD = {'00000', '0000', '000', '00', '0', ''}
-local function next_fence(R, px)
+local function next_fence(last)
   local t = redis.call('time')
-  local text = t[1] .. PAD[#t[2]] .. t[2]
-  local now = text
-  local F = R .. ':fence'
-  local last = redis.call('set', F, text, 'keepttl', 'get')
-  if last and #px <= 5 and #last == #text and last < text
-      and string.sub(last, 1, -9) == string.sub(text, 1, -9) then
-    return text, now
+  local now = t[1] .. PAD[#t[2]] .. t[2]
+  if last and (#last > #now or (#last == #now and last >= now)) then
+    return string.format('%d', tonumber(last) + 1), now
   end
-  if last and tonumber(last) >= tonumber(text) then
-    text = string.format('%d', tonumber(last) + 1)
-  end
-  redis.call('set', F, text, 'px', px + KEEP_MS)
-  return text, now
+  return now, now
 end
-local function grant(R, token, ttl, holder)
-  local fence, now = next_fence(R, ttl)
+local function grant(R, token, ttl, holder, last)
+  local fence, now = next_fence(last)
   redis.call('set', R, token .. ':' .. fence .. ':' .. now .. ':' .. holder, 'px', ttl)
   return fence
+end
+-- free(R, v): gives back the lock R whose record is `v`, leaving `<FREED>:<fence>` with the record's expiry
+-- (KEEPTTL: no new expiry to write) so that the next grant follows its token; a record without a token (fence
+-- 0: ACQUIRE_PLAIN's, on a store without tokens) or not written by distlock just goes.
+local function free(R, v)
+  local fence = string.match(v, '^%d+', FENCE_AT)
+  if fence and fence ~= '0' then
+    redis.call('set', R, FREED .. ':' .. fence, 'keepttl')
+  else
+    redis.call('del', R)
+  end
 end

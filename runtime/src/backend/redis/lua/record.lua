@@ -7,15 +7,15 @@
 -- have), <fence> the grant's fencing token in decimal, <granted> the server's clock in µs at the grant (a
 -- hand-over is a new grant; renewals leave it), and <holder> the text the client sent with its attempt,
 -- `<owner's length in bytes>:<owner><metadata>`, which the scripts never look into. While `min_hold` keeps a
--- released lock, <token> is NOBODY, which no hex token can equal.
+-- released lock, <token> is NOBODY, which no hex token can equal. A lock given back with nobody to hand it to
+-- leaves `<FREED>:<fence>` for the rest of its lease (Redis keeps the record's expiry): free, but its last
+-- fencing token stays known to the next grant (fence.lua). FREED, too, no hex token can equal.
 local TOKEN_END = 32
 local MARK_AT = 33
 local FENCE_AT = 34
 local QUEUED_MARK = 43
 local NOBODY = '--------------------------------'
--- How long past a grant's lease its fencing token may be remembered, in ms: backend::FENCE_RETENTION (at
--- least) + 2 backend::FENCE_REFRESH (see fence.lua).
-local KEEP_MS = 260000
+local FREED = '================================'
 -- First values of the acquire and release replies.
 local BUSY = 0
 local GRANTED = 1
