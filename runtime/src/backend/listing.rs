@@ -191,9 +191,7 @@ mod tests {
         assert_eq!(selected("[a-p]*"), ["other"]);
         let glob = record_pattern(prefix, "*");
         let keys = LockKeys::new(prefix, "report:1".into());
-        for derived in
-            [keys.channel(), format!("{}:queue", keys.record), format!("{}:waiter:ab", keys.record)]
-        {
+        for derived in [keys.channel(), format!("{}:queue", keys.record), format!("{}:waiter:ab", keys.record)] {
             assert!(!glob_matches(glob.as_bytes(), derived.as_bytes()), "{derived}");
         }
         assert!(!glob_matches(glob.as_bytes(), b"app11:{report:1}"), "the prefix's glob characters are literal");

@@ -242,9 +242,10 @@ pub(super) fn all_scripts() -> [&'static LuaScript; 14] {
 }
 
 /// The files scripts include, by name.
-const SHARED: [(&str, &str); 9] = [
+const SHARED: [(&str, &str); 10] = [
     ("record", include_str!("lua/record.lua")),
     ("fence", include_str!("lua/fence.lua")),
+    ("free", include_str!("lua/free.lua")),
     ("hand_over", include_str!("lua/hand_over.lua")),
     ("queue", include_str!("lua/queue.lua")),
     ("acquire_fn", include_str!("lua/acquire_fn.lua")),
@@ -407,13 +408,13 @@ mod tests {
         }
     }
 
-    /// The common paths run before any function but the fence's is defined: defining functions costs Redis
-    /// time on every call.
+    /// The common paths run before any function other than the fence's and `free` is defined: defining
+    /// functions costs Redis time on every call.
     #[test]
     fn fast_paths_come_before_the_functions() {
         let fast_paths = [
             (&*ACQUIRE, "elseif redis.call('exists', R .. ':queue') == 0 then"),
-            (&*RELEASE, "redis.call('set', R, FREED .. ':' .. fence, 'keepttl')"),
+            (&*RELEASE, "QUEUED_MARK then\n  free(R, v)\n  return RELEASED"),
         ];
         for (script, fast) in fast_paths {
             let fast = script.source.find(fast).expect("fast path");

@@ -4,8 +4,8 @@
 --   ttl from now;
 -- BUSY, 0, its PTTL: another grant holds it.
 -- The record is the one record.lua describes, with fence 0 and the server's clock as <granted> (a release
--- deletes it: fence.lua's `free`); no last token and no queue are read or written, which is what makes this cheaper than ACQUIRE for Redis. Needs PAD
--- (fence.lua).
+-- deletes it: free.lua); no last token and no queue are read or written, which is what makes this cheaper
+-- than ACQUIRE for Redis. Needs PAD (fence.lua).
 local function acquire_plain(R, token, ttl, holder)
   local t = redis.call('time')
   if redis.call('set', R, token .. ':0:' .. t[1] .. PAD[#t[2]] .. t[2] .. ':' .. holder, 'nx', 'px', ttl) then

@@ -9,7 +9,7 @@
 --   k  release but keep: token, keep ms
 -- Reply: three values per operation: {code, fence, ms} as ACQUIRE replies, {code, 0, 0} for a release, or
 --   {FAILED, error message, 0} when that operation failed (the others still ran).
--- #include record fence hand_over queue acquire_fn acquire_plain_fn release_fn
+-- #include record fence free hand_over queue acquire_fn acquire_plain_fn release_fn
 local function release_op(R, token, keep)
   return release(R, token, keep, redis.call('get', R))
 end

@@ -7,7 +7,7 @@
 -- ARGV[1]: one letter per operation, as BATCH's; then each operation's record, in order; then the operations'
 --   arguments as BATCH takes them.
 -- Reply: as BATCH's.
--- #include record fence hand_over queue acquire_fn acquire_plain_fn release_fn
+-- #include record fence free hand_over queue acquire_fn acquire_plain_fn release_fn
 local function release_op(R, token, keep)
   return release(R, token, keep, redis.call('get', R))
 end

@@ -4,7 +4,7 @@
 --   Also deletes R:queue (same hash slot) and publishes on R:released (SPUBLISH on a Redis Cluster: scripts.rs).
 -- ARGV[1]: the wake-all message (WAKE_ALL in the Rust code), which every waiter's subscriber reads as "retry".
 -- Reply: 1 if a lock was held (also by nobody, for min_hold), else 0.
--- #include record fence
+-- #include record free
 local R = KEYS[1]
 -- A value that is not a string (not distlock's) is deleted, as GET cannot read it.
 local v = redis.pcall('get', R)

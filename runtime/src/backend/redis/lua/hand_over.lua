@@ -1,4 +1,4 @@
--- hand_over(R) → the heir's token, or nil when nobody waits. Gives the free lock R to the longest-waiting
+-- hand_over(R, last) → the heir's token, or nil when nobody waits. Gives the free lock R to the longest-waiting
 -- waiter still refreshing its place, for the hand-over lease it registered, as a new grant (its time now,
 -- the holder field the heir registered: its owner and metadata), and announces
 -- `<heir>:<fence>:<lease ms>` on `<R>:released` (by SPUBLISH on a Redis Cluster: scripts.rs). `last` is the

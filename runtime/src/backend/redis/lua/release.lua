@@ -3,18 +3,12 @@
 --   and R:waiter:<heir> (same hash slot) and publishes on R:released.
 -- ARGV: token[, keep ms] ('0' when left out: free it now).
 -- Reply: RELEASED, EXPIRED or TAKEN_BY_OTHER, as `release` returns them.
--- #include record
+-- #include record free
 local R, token, keep = KEYS[1], ARGV[1], ARGV[2] or '0'
 local v = redis.call('get', R)
--- The common case, the owner freeing a lock nobody queued for, runs before the functions are defined (as
--- `free` does it: fence.lua).
+-- The common case, the owner freeing a lock nobody queued for, runs before the other functions are defined.
 if v and keep == '0' and string.sub(v, 1, TOKEN_END) == token and string.byte(v, MARK_AT) ~= QUEUED_MARK then
-  local fence = string.match(v, '^%d+', FENCE_AT)
-  if fence and fence ~= '0' then
-    redis.call('set', R, FREED .. ':' .. fence, 'keepttl')
-  else
-    redis.call('del', R)
-  end
+  free(R, v)
   return RELEASED
 end
 -- #include fence hand_over release_fn
