@@ -274,15 +274,15 @@ async fn a_wrong_password_is_reported_and_never_echoed() {
     assert_eq!(listed[0]["key"], "secured");
 }
 
-/// The README's least-privilege user cannot list without `+scan`: NOPERM, one line, exit 3; with the rights the
-/// README adds for the tool, every read works.
+/// The README's least-privilege user cannot list without `+scan` (nor with it, without `+getrange`): NOPERM, one
+/// line, exit 3; with the rights the README adds for the tool, every read works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_acl_right_is_reported() {
     let server = RedisServer::new();
     let mut admin = server.connection().await;
     let rights = "~distlock:* &distlock:* +ping +hello +info +evalsha +eval +script|load +get +set +del +exists \
                   +pttl +pexpire +time +getdel +zadd +zpopmin +zrem +zscore +zcard +publish +subscribe +unsubscribe";
-    for (user, extra) in [("locks", ""), ("operator", " +scan +zrange")] {
+    for (user, extra) in [("locks", ""), ("operator", " +scan +getrange +zrange"), ("scanner", " +scan +zrange")] {
         let mut cmd = redis::cmd("ACL");
         cmd.arg("SETUSER").arg(user).arg("on").arg(">pw");
         for right in format!("{rights}{extra}").split_whitespace() {
@@ -304,6 +304,13 @@ async fn a_missing_acl_right_is_reported() {
     assert_exit(&listed, 0);
     assert_eq!(serde_json::from_slice::<Value>(&listed.stdout).unwrap()[0]["key"], "acl");
     assert_exit(&distlock(&["--url", &as_operator, "show", "acl"], None).await, 0);
+
+    // Without `+getrange` a listing cannot tell a released lock's freed record from a held one: refused too.
+    let as_scanner = format!("redis://scanner:pw@127.0.0.1:{}/", server.port());
+    let refused = distlock(&["--url", &as_scanner, "ls"], None).await;
+    assert_exit(&refused, 3);
+    let err = assert_one_error_line(&refused);
+    assert!(err.contains("NOPERM") && err.contains("getrange"), "{err}");
 }
 
 /// On a terminal (a pseudo-terminal from util-linux's `script`), `release` asks: "n" keeps the lock, "y" frees it.

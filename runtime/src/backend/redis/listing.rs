@@ -42,14 +42,15 @@ impl RedisBackend {
             scan.server += 1;
             scan.done = scan.server >= nodes.len().max(1);
         }
-        self.drop_freed(&mut keys).await;
+        self.drop_freed(&mut keys).await.map_err(failed)?;
         Ok(keys)
     }
 
     /// Leaves out of `records` the freed ones (a released lock keeping its last fencing token for the rest of
     /// its lease) and those gone since the SCAN: one GETRANGE of the token's place each, all sent at once (on
-    /// a cluster each to its record's node). A record that cannot be read stays: `lock_infos` tells.
-    async fn drop_freed(&self, records: &mut Vec<String>) {
+    /// a cluster each to its record's node). A record that cannot be read stays (`lock_infos` tells), unless
+    /// the user lacks the right to read it (NOPERM: an error, that names the command to allow).
+    async fn drop_freed(&self, records: &mut Vec<String>) -> redis::RedisResult<()> {
         let heads = futures_util::future::join_all(records.iter().map(|record| {
             let mut cmd = Cmd::new();
             cmd.arg("GETRANGE").arg(record).arg(0).arg(record::FREED.len() - 1);
@@ -57,11 +58,17 @@ impl RedisBackend {
             async move { cmd.query_async::<Vec<u8>>(&mut conn).await }
         }))
         .await;
-        let mut heads = heads.into_iter();
-        records.retain(|_| match heads.next() {
-            Some(Ok(head)) => !head.is_empty() && head != record::FREED.as_bytes(),
-            _ => true,
-        });
+        let mut held = Vec::with_capacity(heads.len());
+        for head in heads {
+            held.push(match head {
+                Ok(head) => !head.is_empty() && head != record::FREED.as_bytes(),
+                Err(refused) if refused.code() == Some("NOPERM") => return Err(refused),
+                Err(_) => true,
+            });
+        }
+        let mut held = held.into_iter();
+        records.retain(|_| held.next().unwrap_or(true));
+        Ok(())
     }
 
     /// The live waiters in `keys`'s queue, from its head, at most `limit` places looked at.
