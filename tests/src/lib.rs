@@ -25,6 +25,16 @@ pub use fixture::{
     acquire_after_recovery, busy_for_outsiders, eventually, within, Backend, Counter, Fixture, RawConnection,
 };
 
+/// What a released lock leaves in its Redis record, for the rest of its lease: `<FREED>:<last fencing token>`
+/// (the README's "What is stored in Redis"). A lock whose record is gone or freed is free.
+pub const FREED: &str = "================================";
+
+/// Whether the lock whose record is `record` is free on the server behind `conn`: no record, or a freed one.
+pub async fn record_is_free(conn: &mut impl redis::aio::ConnectionLike, record: &str) -> bool {
+    let value: Option<Vec<u8>> = redis::cmd("GET").arg(record).query_async(conn).await.expect("GET");
+    value.is_none_or(|v| v.starts_with(FREED.as_bytes()))
+}
+
 /// Short names for the durations tests are full of.
 pub mod time {
     use std::time::Duration;
