@@ -31,7 +31,7 @@ async fn command_calls(conn: &mut MultiplexedConnection, command: &str) -> u64 {
 /// 64 tasks cycle on keys of their own while 16 more contend, with queueing and hand-overs, for 4 shared keys,
 /// all on one client. Every cycle gets a grant and a Released; each key's fences strictly increase; no two
 /// holders of a shared key overlap; nothing is left held; and the server ran fewer script calls than there
-/// were operations, so calls were shared.
+/// were operations, so calls were shared, and read its clock (TIME) fewer times than it granted: once per call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_calls_give_every_operation_its_own_answer() {
     const OWN: usize = 64;
@@ -43,6 +43,7 @@ async fn shared_calls_give_every_operation_its_own_answer() {
     let fx = Fixture::redis().await;
     let mut conn = fx.redis_connection().unwrap();
     let calls_before = script_calls(&mut conn).await;
+    let clock_reads_before = command_calls(&mut conn, "time").await;
     let inside: Arc<Vec<AtomicUsize>> = Arc::new((0..SHARED_KEYS).map(|_| AtomicUsize::new(0)).collect());
     let mut tasks = JoinSet::new();
     for task in 0..OWN + SHARED_TASKS {
@@ -100,6 +101,8 @@ async fn shared_calls_give_every_operation_its_own_answer() {
     }
     let calls = script_calls(&mut conn).await - calls_before;
     assert!(calls < operations, "{calls} script calls for {operations} operations: none were shared");
+    let (clock_reads, grants) = (command_calls(&mut conn, "time").await - clock_reads_before, operations / 2);
+    assert!(clock_reads < grants, "TIME ran {clock_reads} times for {grants} grants: once per grant, not per call");
 }
 
 /// A lock whose record key holds a list (another program wrote it) fails with a backend error naming it,

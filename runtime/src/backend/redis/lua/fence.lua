@@ -9,6 +9,9 @@
 -- step back while it lives. No other key is written: a second key with its own expiry cost Redis more than
 -- the rest of the grant.
 --
+-- One script reads the clock once (TIME costs Redis as much as a write): its grants all happen at the moment it
+-- runs, and several grants of one lock in one call still rise by the record's +1.
+--
 -- The token is built as text from TIME's two fields, never through a Lua number: Lua would print a 16-digit
 -- number as 1.79e+15, and reading TIME's strings as numbers and printing them back costs Redis as much as a
 -- command. Tokens of equal length compare as text like numbers (digits only).
@@ -17,9 +20,13 @@
 -- `token` for ttl ms; `holder` is the record's last field as the client sends it (record.lua), `last` as for
 -- next_fence.
 local PAD = {'00000', '0000', '000', '00', '0', ''}
+local clock
 local function next_fence(last)
-  local t = redis.call('time')
-  local now = t[1] .. PAD[#t[2]] .. t[2]
+  if not clock then
+    local t = redis.call('time')
+    clock = t[1] .. PAD[#t[2]] .. t[2]
+  end
+  local now = clock
   if last and (#last > #now or (#last == #now and last >= now)) then
     return string.format('%d', tonumber(last) + 1), now
   end
