@@ -15,6 +15,7 @@ pub mod monitor;
 pub mod proxy;
 pub mod sentinel;
 mod server;
+#[cfg(feature = "engine-test-features")]
 pub mod simulation;
 pub mod soak;
 pub mod stall;
