@@ -242,9 +242,13 @@ pub(super) fn all_scripts() -> [&'static LuaScript; 14] {
 }
 
 /// The files scripts include, by name.
-const SHARED: [(&str, &str); 10] = [
+const SHARED: [(&str, &str); 14] = [
     ("record", include_str!("lua/record.lua")),
+    ("clock", include_str!("lua/clock.lua")),
+    ("next_fence", include_str!("lua/next_fence.lua")),
+    ("grant", include_str!("lua/grant.lua")),
     ("fence", include_str!("lua/fence.lua")),
+    ("freeing", include_str!("lua/freeing.lua")),
     ("free", include_str!("lua/free.lua")),
     ("hand_over", include_str!("lua/hand_over.lua")),
     ("queue", include_str!("lua/queue.lua")),
@@ -257,15 +261,26 @@ const SHARED: [(&str, &str); 10] = [
 
 const INCLUDE: &str = "-- #include ";
 
+/// grant.lua composed: what ACQUIRE's fast path and grant() both run.
+#[cfg(test)]
+static GRANT_SNIPPET: Lazy<String> = Lazy::new(|| compose(include_str!("lua/grant.lua")));
+
+/// freeing.lua: what RELEASE's fast path and free() both run.
+#[cfg(test)]
+static FREEING_SNIPPET: Lazy<String> = Lazy::new(|| compose(include_str!("lua/freeing.lua")));
+
 fn compose(file: &str) -> String {
     let mut out = String::with_capacity(file.len() * 4);
     for line in file.lines() {
-        match line.strip_prefix(INCLUDE) {
+        // An include may be indented (inside a block); what it includes is not re-indented.
+        match line.trim_start().strip_prefix(INCLUDE) {
             Some(names) => {
                 for name in names.split_whitespace() {
                     let shared = SHARED.iter().find(|(n, _)| *n == name).map(|(_, text)| text);
                     // A misspelt include is caught by the unit tests, which build every script.
-                    out.push_str(shared.unwrap_or_else(|| panic!("lua/{name}.lua is not a shared script file")));
+                    let shared = shared.unwrap_or_else(|| panic!("lua/{name}.lua is not a shared script file"));
+                    // A shared file may include snippets (fence.lua's function bodies).
+                    out.push_str(&compose(shared));
                 }
             }
             None => {
@@ -408,18 +423,25 @@ mod tests {
         }
     }
 
-    /// The common paths run before any function other than the fence's and `free` is defined: defining
-    /// functions costs Redis time on every call.
+    /// The common paths run inline, before any function is defined: defining a function costs Redis time on
+    /// every call.
     #[test]
     fn fast_paths_come_before_the_functions() {
         let fast_paths = [
-            (&*ACQUIRE, "elseif redis.call('exists', R .. ':queue') == 0 then"),
-            (&*RELEASE, "QUEUED_MARK then\n  free(R, v)\n  return RELEASED"),
+            (&*ACQUIRE, "free = redis.call('exists', R .. ':queue') == 0", "local function "),
+            (&*ACQUIRE, "  return {GRANTED, fence, ttl}\nend", "local function "),
+            (&*RELEASE, "    and string.byte(v, MARK_AT) ~= QUEUED_MARK then\n", "local function "),
         ];
-        for (script, fast) in fast_paths {
+        for (script, fast, function) in fast_paths {
             let fast = script.source.find(fast).expect("fast path");
-            let first_other_fn = script.source.find("local function hand_over").expect("hand_over");
-            assert!(fast < first_other_fn, "{}", script.source);
+            let first_fn = script.source.find(function).expect("a function");
+            assert!(fast < first_fn, "{}", script.source);
+        }
+        // The inline grant and free are the shared ones: the same text as grant()'s and free()'s bodies.
+        for (script, snippet) in [(&*ACQUIRE, &*GRANT_SNIPPET), (&*RELEASE, &*FREEING_SNIPPET)] {
+            let inline = script.source.find(snippet.as_str()).expect("the fast path runs the snippet");
+            let in_function = script.source.rfind(snippet.as_str()).expect("and so does the function");
+            assert!(inline < in_function, "{}", script.source);
         }
     }
 
@@ -459,9 +481,10 @@ mod tests {
     /// the client sent it.
     #[test]
     fn grants_and_hand_overs_write_the_documented_record() {
-        for script in [&*ACQUIRE, &*BATCH, &*RELEASE] {
+        // ACQUIRE's fast path runs grant's body inline too.
+        for (script, expected) in [(&*ACQUIRE, 3), (&*BATCH, 2), (&*RELEASE, 2)] {
             let writes = script.source.matches(" .. ':' .. now .. ':' .. holder, 'px', ").count();
-            assert_eq!(writes, 2, "a grant's and a hand-over's record in\n{}", script.source);
+            assert_eq!(writes, expected, "a grant's and a hand-over's record in\n{}", script.source);
         }
     }
 

@@ -4,17 +4,21 @@
 -- ARGV: token, ttl ms, holder (owner and metadata, see record.lua)[, register ms, hand-over lease ms] (both
 --   '0' when left out; register '0': do not queue).
 -- Reply: {code, fence, ms} as `acquire` returns them: {GRANTED, fence, ttl} or {BUSY, holder's fence, PTTL}.
--- #include record fence
+-- #include record
 local R, token, ttl, holder = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
--- The common cases (as `acquire` takes them first) run before the other functions are defined: defining them
--- costs time on every call.
+-- The common cases (as `acquire` takes them first: a FREED record, or none and no queue) run inline, before any
+-- function is defined: defining one costs Redis time on every call.
 local v = redis.call('get', R)
+local free, last
 if v then
-  if string.sub(v, 1, TOKEN_END) == FREED then
-    return {GRANTED, grant(R, token, ttl, holder, string.sub(v, FENCE_AT)), ttl}
-  end
-elseif redis.call('exists', R .. ':queue') == 0 then
-  return {GRANTED, grant(R, token, ttl, holder, nil), ttl}
+  if string.find(v, FREED, 1, true) == 1 then free, last = true, string.sub(v, FENCE_AT) end
+else
+  free = redis.call('exists', R .. ':queue') == 0
 end
--- #include hand_over queue acquire_fn
+if free then
+  local clock, fence, now
+  -- #include grant
+  return {GRANTED, fence, ttl}
+end
+-- #include fence hand_over queue acquire_fn
 return {acquire(R, token, ttl, holder, ARGV[4] or '0', ARGV[5] or '0')}

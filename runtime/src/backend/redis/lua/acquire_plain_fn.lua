@@ -5,10 +5,10 @@
 -- BUSY, 0, its PTTL: another grant holds it.
 -- The record is the one record.lua describes, with fence 0 and the server's clock as <granted> (a release
 -- deletes it: free.lua); no last token and no queue are read or written, which is what makes this cheaper
--- than ACQUIRE for Redis. Needs PAD (fence.lua).
+-- than ACQUIRE for Redis. Needs the script's `clock` (fence.lua).
 local function acquire_plain(R, token, ttl, holder)
-  local t = redis.call('time')
-  if redis.call('set', R, token .. ':0:' .. t[1] .. PAD[#t[2]] .. t[2] .. ':' .. holder, 'nx', 'px', ttl) then
+  -- #include clock
+  if redis.call('set', R, token .. ':0:' .. clock .. ':' .. holder, 'nx', 'px', ttl) then
     return GRANTED, 0, ttl
   end
   local v = redis.call('get', R)
@@ -18,7 +18,7 @@ local function acquire_plain(R, token, ttl, holder)
   end
   -- Freed by a store with tokens on the same server (record.lua): free here too.
   if string.sub(v, 1, TOKEN_END) == FREED then
-    redis.call('set', R, token .. ':0:' .. t[1] .. PAD[#t[2]] .. t[2] .. ':' .. holder, 'px', ttl)
+    redis.call('set', R, token .. ':0:' .. clock .. ':' .. holder, 'px', ttl)
     return GRANTED, 0, ttl
   end
   return BUSY, 0, redis.call('pttl', R)

@@ -1,11 +1,8 @@
 -- free(R, v): gives back the lock R whose record is `v`, leaving `<FREED>:<fence>` with the record's expiry
 -- (KEEPTTL: no new expiry to write) so that the next grant follows its token; a record without a token (fence
 -- 0: ACQUIRE_PLAIN's, on a store without tokens) or not written by distlock just goes.
+-- Its body is a shared snippet (freeing.lua), which RELEASE's fast path also runs inline: a function defined
+-- in a script is a new closure on every call.
 local function free(R, v)
-  local fence = string.match(v, '^%d+', FENCE_AT)
-  if fence and fence ~= '0' then
-    redis.call('set', R, FREED .. ':' .. fence, 'keepttl')
-  else
-    redis.call('del', R)
-  end
+  -- #include freeing
 end

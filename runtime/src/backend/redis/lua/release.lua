@@ -3,13 +3,15 @@
 --   and R:waiter:<heir> (same hash slot) and publishes on R:released.
 -- ARGV: token[, keep ms] ('0' when left out: free it now).
 -- Reply: RELEASED, EXPIRED or TAKEN_BY_OTHER, as `release` returns them.
--- #include record free
+-- #include record
 local R, token, keep = KEYS[1], ARGV[1], ARGV[2] or '0'
 local v = redis.call('get', R)
--- The common case, the owner freeing a lock nobody queued for, runs before the other functions are defined.
-if v and keep == '0' and string.sub(v, 1, TOKEN_END) == token and string.byte(v, MARK_AT) ~= QUEUED_MARK then
-  free(R, v)
+-- The common case, the owner freeing a lock nobody queued for, runs inline, before any function is defined.
+-- (A token is TOKEN_END hex digits: a shorter one must not match as a prefix.)
+if v and keep == '0' and #token == TOKEN_END and string.find(v, token, 1, true) == 1
+    and string.byte(v, MARK_AT) ~= QUEUED_MARK then
+  -- #include freeing
   return RELEASED
 end
--- #include fence hand_over release_fn
+-- #include free fence hand_over release_fn
 return release(R, token, keep, v)
