@@ -6,10 +6,7 @@ use std::time::Duration;
 
 use distlock::Client;
 use distlock_tests::time::{ms, secs};
-use distlock_tests::RedisServer;
-
-/// What a freed record holds in place of a holder's token (the README's "What is stored in Redis").
-const FREED: &str = "================================";
+use distlock_tests::{RedisServer, FREED};
 
 async fn pttl(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()

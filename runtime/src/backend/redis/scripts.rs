@@ -242,11 +242,12 @@ pub(super) fn all_scripts() -> [&'static LuaScript; 14] {
 }
 
 /// The files scripts include, by name.
-const SHARED: [(&str, &str); 14] = [
+const SHARED: [(&str, &str); 15] = [
     ("record", include_str!("lua/record.lua")),
     ("clock", include_str!("lua/clock.lua")),
     ("next_fence", include_str!("lua/next_fence.lua")),
     ("grant", include_str!("lua/grant.lua")),
+    ("is_free", include_str!("lua/is_free.lua")),
     ("fence", include_str!("lua/fence.lua")),
     ("freeing", include_str!("lua/freeing.lua")),
     ("free", include_str!("lua/free.lua")),

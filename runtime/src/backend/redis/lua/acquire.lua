@@ -10,15 +10,11 @@ local R, token, ttl, holder = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 -- function is defined: defining one costs Redis time on every call.
 local v = redis.call('get', R)
 local free, last
-if v then
-  if string.find(v, FREED, 1, true) == 1 then free, last = true, string.sub(v, FENCE_AT) end
-else
-  free = redis.call('exists', R .. ':queue') == 0
-end
+-- #include is_free
 if free then
   local clock, fence, now
   -- #include grant
   return {GRANTED, fence, ttl}
 end
 -- #include fence hand_over queue acquire_fn
-return {acquire(R, token, ttl, holder, ARGV[4] or '0', ARGV[5] or '0')}
+return {acquire(R, token, ttl, holder, ARGV[4] or '0', ARGV[5] or '0', v)}

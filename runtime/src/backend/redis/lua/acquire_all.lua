@@ -7,18 +7,17 @@
 -- #include record fence
 local ttl, holder = ARGV[1], ARGV[2]
 -- Each lock's last token, where its FREED record keeps one.
-local last = {}
+local lasts = {}
 for i = 1, #KEYS do
-  local v = redis.call('get', KEYS[i])
-  if v then
-    if string.sub(v, 1, TOKEN_END) ~= FREED then return {} end
-    last[i] = string.sub(v, FENCE_AT)
-  elseif redis.call('exists', KEYS[i] .. ':queue') ~= 0 then
-    return {}
-  end
+  local R = KEYS[i]
+  local v = redis.call('get', R)
+  local free, last
+  -- #include is_free
+  if not free then return {} end
+  lasts[i] = last
 end
 local fences = {}
 for i = 1, #KEYS do
-  fences[i] = grant(KEYS[i], ARGV[i + 2], ttl, holder, last[i])
+  fences[i] = grant(KEYS[i], ARGV[i + 2], ttl, holder, lasts[i])
 end
 return fences

@@ -1,21 +1,19 @@
--- acquire(R, token, ttl ms, holder, register ms (0: do not queue), hand-over lease ms) → code, fence, ms:
+-- acquire(R, token, ttl ms, holder, register ms (0: do not queue), hand-over lease ms[, v]) → code, fence, ms:
 -- GRANTED, fence, ttl: the lock is this token's for ttl from now, granted now or claimed (a hand-over to this
 --   token, made by a release since its last busy attempt or by this call, is stretched to the full ttl);
 -- BUSY, the holder's fence, its PTTL: another grant holds it (and, with register > 0, this token is queued or
 --   refreshed in the queue).
--- The common cases, a free lock nobody waits for, come first: GET, then TIME and SET, after EXISTS of the queue
--- when the record is gone. A FREED record (record.lua) gives the last token and has no queue: places are
--- taken only behind a held record, and a release takes them all (hand_over) before it frees the lock.
+-- `v` is the record's value when the caller has read it already (false: there is none; ACQUIRE's), nil to
+-- read it here (BATCH's, inside the operation's pcall).
+-- The common cases, a free lock nobody waits for, come first (is_free.lua): GET, then TIME and SET, after
+-- EXISTS of the queue when the record is gone.
 -- Needs grant, hand_over, fence_of and enqueue.
-local function acquire(R, token, ttl, holder, register, lease)
-  local v = redis.call('get', R)
-  if v and string.sub(v, 1, TOKEN_END) == FREED then
-    return GRANTED, grant(R, token, ttl, holder, string.sub(v, FENCE_AT)), ttl
-  end
-  if not v then
-    if redis.call('exists', R .. ':queue') == 0 then return GRANTED, grant(R, token, ttl, holder, nil), ttl end
-    if hand_over(R, nil) then v = redis.call('get', R) end
-  end
+local function acquire(R, token, ttl, holder, register, lease, v)
+  if v == nil then v = redis.call('get', R) end
+  local free, last
+  -- #include is_free
+  if free then return GRANTED, grant(R, token, ttl, holder, last), ttl end
+  if not v and hand_over(R, nil) then v = redis.call('get', R) end
   if v then
     if string.sub(v, 1, TOKEN_END) == token then
       redis.call('pexpire', R, ttl)
