@@ -276,4 +276,26 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), renewed).await.expect("the short lease was never renewed");
         short.release().await.expect("release");
     }
+
+    /// A stall (the runtime's thread blocked) past a lease, while the scheduler sleeps for a later lock: the
+    /// guard reads as lost the moment the thread runs again, before any renewal, and stays lost once the
+    /// scheduler has run, while the store gives the lock to the next request.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_stall_past_the_lease_leaves_the_guard_lost_and_the_lock_to_the_next_holder() {
+        let client = Client::builder().memory().build().await.expect("client");
+        // The scheduler plans its wake-up for this lock's renewal, 10 s away, and sleeps.
+        let long = client.lock("long").ttl(Duration::from_secs(30)).acquire().await.expect("acquire");
+        tokio::task::yield_now().await;
+        let short = client.lock("short").ttl(Duration::from_millis(300)).acquire().await.expect("acquire");
+        std::thread::sleep(Duration::from_millis(600));
+        assert!(short.is_lost(), "a guard whose lease ran out during a stall still reads as held");
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let next = client.lock("short").try_acquire().await.expect("try_acquire");
+        assert!(next.is_some(), "the store still holds a lease that ran out");
+        assert!(short.is_lost(), "the stalled guard reads as held beside the next holder");
+        drop((next, short));
+        long.release().await.expect("release");
+    }
 }
