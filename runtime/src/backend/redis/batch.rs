@@ -32,7 +32,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::scripts::record::write_holder;
-use super::scripts::reply::FAILED;
+use super::scripts::reply::{FAILED, GRANTED};
 use super::scripts::{LuaScript, ACQUIRE, ACQUIRE_PLAIN, BATCH, BATCH_SPREAD, RELEASE};
 use super::window::Window;
 use super::{failed_in_script, send_script, unexpected_reply};
@@ -411,6 +411,10 @@ pub(super) fn command_spread(ops: &[Op<'_>], by_source: bool) -> Cmd {
 pub(super) async fn call_one(conn: &impl Transport, op: &Op<'_>) -> Reply {
     let value = conn.call(std::slice::from_ref(op)).await?;
     match (op, value) {
+        // ACQUIRE's fast path: a grant for the ttl asked, as its fence alone.
+        (Op::Acquire { ttl_ms, .. }, Value::Int(fence)) => {
+            Ok((GRANTED, fence, i64::try_from(*ttl_ms).unwrap_or(i64::MAX)))
+        }
         (Op::Acquire { .. }, Value::Array(reply)) => match reply.as_slice() {
             [Value::Int(code), fence, ms] => Ok((*code, number(fence)?, number(ms)?)),
             _ => Err(unexpected_reply()),

@@ -285,3 +285,37 @@ async fn where_redis_is_the_bottleneck_operations_share_calls() {
     let alone = Duration::from_millis(22 * 64 * 100);
     assert!(took < alone / 2, "took {took:?}; one call per operation would take {alone:?}");
 }
+
+/// A stand-in for Redis that answers every call with one value.
+struct Answers(Value);
+
+impl Transport for Answers {
+    async fn call(&self, _: &[Op<'_>]) -> redis::RedisResult<Value> {
+        Ok(self.0.clone())
+    }
+}
+
+/// ACQUIRE's fast path answers a grant with its fence alone (the lease is the ttl asked for); the slow path's
+/// three values still parse; anything else for an acquire is an error, never a grant.
+#[tokio::test]
+async fn a_grant_may_come_as_its_fence_alone() {
+    use super::super::scripts::reply::{attempt_of, BUSY, GRANTED};
+    use super::call_one;
+    use crate::backend::{Attempt, Hold};
+
+    let fence_alone = call_one(&Answers(Value::Int(42)), &acquire("a")).await.expect("a grant");
+    assert_eq!(fence_alone, (GRANTED, 42, 1000));
+    let hold = Hold { fence: 42, lease: Duration::from_millis(1000) };
+    assert_eq!(attempt_of(fence_alone).expect("parsed"), Attempt::Granted(hold));
+    let negative = call_one(&Answers(Value::Int(-3)), &acquire("a")).await.expect("an integer");
+    assert!(attempt_of(negative).is_err(), "a negative fence is no grant");
+
+    let busy = Value::Array(vec![Value::Int(BUSY), Value::BulkString(b"7".to_vec()), Value::Int(250)]);
+    assert_eq!(call_one(&Answers(busy), &acquire("a")).await.expect("busy"), (BUSY, 7, 250));
+    for other in [Value::BulkString(b"42".to_vec()), Value::Okay, Value::Array(vec![Value::Int(GRANTED)])] {
+        assert!(call_one(&Answers(other.clone()), &acquire("a")).await.is_err(), "{other:?} taken for a reply");
+    }
+    // A release never answers with a fence: an array for one is an error.
+    let array = Value::Array(vec![Value::Int(1), Value::Int(0), Value::Int(0)]);
+    assert!(call_one(&Answers(array), &release("a")).await.is_err());
+}

@@ -3,7 +3,9 @@
 --   token's and a hand-over heir's), and publishes on R:released.
 -- ARGV: token, ttl ms, holder (owner and metadata, see record.lua)[, register ms, hand-over lease ms] (both
 --   '0' when left out; register '0': do not queue).
--- Reply: {code, fence, ms} as `acquire` returns them: {GRANTED, fence, ttl} or {BUSY, holder's fence, PTTL}.
+-- Reply: a grant made on the fast path is its fence alone, an integer (its lease is the ttl asked for): one
+--   integer costs Redis and the client less to write and parse than an array of three. Otherwise {code, fence,
+--   ms} as `acquire` returns them: {GRANTED, fence, ttl} or {BUSY, holder's fence, PTTL}.
 -- #include record
 local R, token, ttl, holder = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 -- The common cases (as `acquire` takes them first: a FREED record, or none and no queue) run inline, before any
@@ -14,7 +16,7 @@ local free, last
 if free then
   local clock, fence, now
   -- #include grant
-  return {GRANTED, fence, ttl}
+  return tonumber(fence)
 end
 -- #include fence hand_over queue acquire_fn
 return {acquire(R, token, ttl, holder, ARGV[4] or '0', ARGV[5] or '0', v)}
