@@ -21,24 +21,49 @@ use crate::systems;
 const TTL: Duration = Duration::from_secs(10);
 const TASK_COUNTS: [usize; 2] = [1, 64];
 
-/// One row: a contender's cycles/s per round.
+/// One row: a contender's cycles/s per round, and the CPU its cycles took, per cycle, in this process and in
+/// the servers (10 ms resolution over a window).
 struct Row {
     setup: String,
     tasks: usize,
     contender: &'static str,
     rates: Vec<f64>,
+    client_cpu_us: Vec<f64>,
+    servers_cpu_us: Vec<f64>,
+    /// Script calls (EVALSHA and EVAL, on every server) per cycle.
+    script_calls: Vec<f64>,
 }
 
 impl Row {
     fn median(&self) -> f64 {
-        let mut r = self.rates.clone();
-        r.sort_by(f64::total_cmp);
-        r.get(r.len() / 2).copied().unwrap_or(0.0)
+        median_of(&self.rates)
     }
 }
 
-/// Runs `cycle(task, n)` in `tasks` tasks for `window`; cycles per second.
-async fn window<F, Fut>(tasks: usize, window: Duration, cycle: F) -> f64
+fn median_of(values: &[f64]) -> f64 {
+    let mut r = values.to_vec();
+    r.sort_by(f64::total_cmp);
+    r.get(r.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Script calls (EVALSHA and EVAL) the servers have run so far, summed.
+async fn script_calls(servers: &mut [redis::aio::MultiplexedConnection]) -> u64 {
+    let mut calls = 0;
+    for conn in servers {
+        if let Ok(counters) = crate::measure::ServerCounters::read(conn).await {
+            calls += ["evalsha", "eval"].iter().filter_map(|&c| counters.calls.get(c)).sum::<u64>();
+        }
+    }
+    calls
+}
+
+/// The servers' CPU time so far, summed.
+fn servers_cpu(servers: &[u32]) -> Duration {
+    servers.iter().map(|&pid| crate::measure::process_cpu(pid)).sum()
+}
+
+/// Runs `cycle(task, n)` in `tasks` tasks for `window`; (cycles per second, cycles).
+async fn window<F, Fut>(tasks: usize, window: Duration, cycle: F) -> (f64, u64)
 where
     F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<(), String>> + Send,
@@ -69,7 +94,8 @@ where
     for handle in handles {
         let _ = handle.await;
     }
-    done.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64()
+    let done = done.load(Ordering::Relaxed);
+    (done as f64 / elapsed.as_secs_f64(), done)
 }
 
 /// The distlock cycle on `client`.
@@ -86,9 +112,12 @@ fn distlock_cycle(
     }
 }
 
-/// Rounds of windows over `contenders` (name, cycle), rotating their order.
+/// Rounds of windows over `contenders` (name, cycle), rotating their order; `servers` are the servers' pids,
+/// `conns` a connection to each (for their command counts).
 async fn rounds<F, Fut>(
     setup: &str,
+    servers: &[u32],
+    conns: &mut [redis::aio::MultiplexedConnection],
     tasks: usize,
     rounds: usize,
     each: Duration,
@@ -100,14 +129,35 @@ where
 {
     let mut rows: Vec<Row> = contenders
         .iter()
-        .map(|(name, _)| Row { setup: setup.to_owned(), tasks, contender: name, rates: Vec::new() })
+        .map(|(name, _)| Row {
+            setup: setup.to_owned(),
+            tasks,
+            contender: name,
+            rates: Vec::new(),
+            client_cpu_us: Vec::new(),
+            servers_cpu_us: Vec::new(),
+            script_calls: Vec::new(),
+        })
         .collect();
     for round in 0..rounds {
         for k in 0..contenders.len() {
             let i = (k + round) % contenders.len();
-            let rate = window(tasks, each, contenders[i].1.clone()).await;
-            eprintln!("  {setup}, {tasks} task(s), {}: {rate:.0} cycles/s", contenders[i].0);
+            let calls_before = script_calls(conns).await;
+            let (client_before, servers_before) = (crate::measure::cpu_now(), servers_cpu(servers));
+            let (rate, cycles) = window(tasks, each, contenders[i].1.clone()).await;
+            let per_cycle = |cpu: Duration| cpu.as_secs_f64() * 1e6 / cycles.max(1) as f64;
+            let client = per_cycle(crate::measure::cpu_now().saturating_sub(client_before));
+            let server = per_cycle(servers_cpu(servers).saturating_sub(servers_before));
+            let calls = script_calls(conns).await.saturating_sub(calls_before) as f64 / cycles.max(1) as f64;
+            eprintln!(
+                "  {setup}, {tasks} task(s), {}: {rate:.0} cycles/s, CPU per cycle: client {client:.1} µs, \
+                 servers {server:.1} µs; {calls:.2} script calls per cycle",
+                contenders[i].0
+            );
             rows[i].rates.push(rate);
+            rows[i].client_cpu_us.push(client);
+            rows[i].servers_cpu_us.push(server);
+            rows[i].script_calls.push(calls);
         }
     }
     rows
@@ -126,10 +176,15 @@ where
 /// Redlock over `n` fresh servers: distlock against rslock.
 async fn redlock(n: usize, rounds_n: usize, each: Duration, pin: &dyn Fn(u32)) -> Vec<Row> {
     let servers: Vec<RedisServer> = (0..n).map(|_| RedisServer::new()).collect();
-    for server in &servers {
-        pin(server.pid().expect("server running"));
+    let pids: Vec<u32> = servers.iter().map(|s| s.pid().expect("server running")).collect();
+    for &pid in &pids {
+        pin(pid);
     }
     let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let mut conns = Vec::new();
+    for server in &servers {
+        conns.push(server.connection().await);
+    }
     let client = Client::builder().redlock(urls.clone()).build().await.expect("distlock redlock client");
     let rslock = Arc::new(rslock::LockManager::from_clients(
         urls.iter().map(|u| systems::client(u).expect("server url")).collect(),
@@ -151,7 +206,7 @@ async fn redlock(n: usize, rounds_n: usize, each: Duration, pin: &dyn Fn(u32)) -
             })
         };
         let contenders = vec![("distlock", call(ours)), ("rslock", call(theirs))];
-        rows.extend(rounds(&setup, tasks, rounds_n, each, contenders).await);
+        rows.extend(rounds(&setup, &pids, &mut conns, tasks, rounds_n, each, contenders).await);
     }
     rows
 }
@@ -167,8 +222,13 @@ fn call(
 /// table ([`cluster_held`](crate::cluster_held)).
 async fn cluster(rounds_n: usize, each: Duration, pin: &dyn Fn(u32)) -> (Vec<Row>, String) {
     let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 1)).await.expect("cluster");
+    let pids: Vec<u32> = cluster.nodes().iter().map(|n| n.pid().expect("node running")).collect();
+    for &pid in &pids {
+        pin(pid);
+    }
+    let mut conns = Vec::new();
     for node in cluster.nodes() {
-        pin(node.pid().expect("node running"));
+        conns.push(node.connection().await);
     }
     let client = Client::builder().redis_cluster(cluster.seeds()).build().await.expect("distlock cluster client");
     let raw: ClusterConnection = redis::cluster::ClusterClientBuilder::new(cluster.seeds())
@@ -205,7 +265,7 @@ async fn cluster(rounds_n: usize, each: Duration, pin: &dyn Fn(u32)) -> (Vec<Row
             })
         };
         let contenders = vec![("distlock", call(ours)), ("raw", call(floor))];
-        rows.extend(rounds("Cluster, 3 primaries", tasks, rounds_n, each, contenders).await);
+        rows.extend(rounds("Cluster, 3 primaries", &pids, &mut conns, tasks, rounds_n, each, contenders).await);
     }
     eprintln!("scale-out: held locks on the cluster");
     let held = crate::cluster_held::run(&cluster, &client).await;
@@ -228,7 +288,11 @@ pub async fn run(rounds_n: usize, each: Duration, pin: &(dyn Fn(u32) + Sync)) ->
 fn report(rows: &[Row]) -> String {
     let mut out = String::from(
         "### Scale-out: Redlock and Redis Cluster (cycles/s, median over rounds)\n\n\
-         | setup | tasks | distlock | other | distlock ÷ other | other is |\n|---|---:|---:|---:|---:|---|\n",
+         CPU per cycle: this process's, and every server's summed (on the cluster, primaries and replicas), \
+         median over rounds.\n\n\
+         | setup | tasks | distlock | other | distlock ÷ other | client CPU µs/cycle, distlock / other | servers' \
+         CPU µs/cycle, distlock / other | script calls per cycle, distlock / other | other is |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for pair in rows.chunks(2) {
         let [ours, other] = pair else { continue };
@@ -239,7 +303,14 @@ fn report(rows: &[Row]) -> String {
         } else {
             "rslock 0.10, Redlock on the same servers"
         };
-        out.push_str(&format!("| {} | {} | {a:.0} | {b:.0} | {ratio:.2} | {what} |\n", ours.setup, ours.tasks));
+        let cpu = |r: &Row| (median_of(&r.client_cpu_us), median_of(&r.servers_cpu_us));
+        let ((oc, os), (tc, ts)) = (cpu(ours), cpu(other));
+        let (ok, tk) = (median_of(&ours.script_calls), median_of(&other.script_calls));
+        out.push_str(&format!(
+            "| {} | {} | {a:.0} | {b:.0} | {ratio:.2} | {oc:.1} / {tc:.1} | {os:.1} / {ts:.1} | {ok:.2} / {tk:.2} | \
+             {what} |\n",
+            ours.setup, ours.tasks
+        ));
     }
     out
 }

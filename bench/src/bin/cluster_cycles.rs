@@ -1,0 +1,117 @@
+//! Lock cycles on a Redis Cluster for profiling the nodes: `TASKS` tasks (default 64) each take and release a
+//! lock of their own for `SECONDS` (default 10) through a distlock cluster client built from the seed URLs in
+//! `$REDIS_CLUSTER` (comma-separated), or, with the argument `raw`, the raw floor (`SET NX PX` + an `EVALSHA`
+//! compare-and-delete) on the redis crate's cluster client, or with `fenced` the least a fenced cycle by script
+//! does, one script call per operation on that client (acquire: GET, TIME, SET PX; release: GET, then SET
+//! KEEPTTL of a freed record). Prints cycles per second.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const RAW_RELEASE: &str =
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+
+/// The least a fenced grant by script does: read the record (its last token), the server's clock, write.
+const FENCED_ACQUIRE: &str = "local v = redis.call('get', KEYS[1]) local t = redis.call('time') \
+     redis.call('set', KEYS[1], ARGV[1] .. ':' .. t[1] .. t[2], 'px', ARGV[2]) return 1";
+/// The least a release that keeps the last token does: check the owner, leave a freed record.
+const FENCED_RELEASE: &str = "local v = redis.call('get', KEYS[1]) \
+     if v and string.find(v, ARGV[1], 1, true) == 1 then redis.call('set', KEYS[1], 'freed', 'keepttl') return 1 end \
+     return 0";
+
+fn main() {
+    let seeds: Vec<String> = std::env::var("REDIS_CLUSTER")
+        .expect("set REDIS_CLUSTER to seed URLs of a cluster of your own")
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let mode = std::env::args().nth(1).unwrap_or_default();
+    let (raw, fenced) = (mode == "raw", mode == "fenced");
+    let tasks: usize = std::env::var("TASKS").map_or(64, |t| t.parse().expect("TASKS: a whole number"));
+    let seconds: u64 = std::env::var("SECONDS").map_or(10, |t| t.parse().expect("SECONDS: a whole number"));
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    runtime.block_on(async move {
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicU64::new(0));
+        let mut handles = Vec::new();
+        if fenced {
+            let conn = redis::cluster::ClusterClientBuilder::new(seeds)
+                .build()
+                .expect("cluster client")
+                .get_async_connection()
+                .await
+                .expect("connect");
+            let (acquire, release) =
+                (Arc::new(redis::Script::new(FENCED_ACQUIRE)), Arc::new(redis::Script::new(FENCED_RELEASE)));
+            for task in 0..tasks {
+                let (mut conn, acquire, release, stop, done) =
+                    (conn.clone(), acquire.clone(), release.clone(), stop.clone(), done.clone());
+                handles.push(tokio::spawn(async move {
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let (key, token) = (format!("fenced:{task}"), format!("{task}-{n}"));
+                        let _: i64 =
+                            acquire.key(&key).arg(&token).arg(10_000).invoke_async(&mut conn).await.expect("acquire");
+                        let _: i64 = release.key(&key).arg(&token).invoke_async(&mut conn).await.expect("release");
+                        done.fetch_add(1, Ordering::Relaxed);
+                        n += 1;
+                    }
+                }));
+            }
+        } else if raw {
+            let conn = redis::cluster::ClusterClientBuilder::new(seeds)
+                .build()
+                .expect("cluster client")
+                .get_async_connection()
+                .await
+                .expect("connect");
+            let release = Arc::new(redis::Script::new(RAW_RELEASE));
+            for task in 0..tasks {
+                let (mut conn, release, stop, done) = (conn.clone(), release.clone(), stop.clone(), done.clone());
+                handles.push(tokio::spawn(async move {
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let (key, token) = (format!("raw:{task}"), format!("{task}-{n}"));
+                        let _: Option<String> = redis::cmd("SET")
+                            .arg(&key)
+                            .arg(&token)
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(10_000)
+                            .query_async(&mut conn)
+                            .await
+                            .expect("SET");
+                        let _: i64 = release.key(&key).arg(&token).invoke_async(&mut conn).await.expect("release");
+                        done.fetch_add(1, Ordering::Relaxed);
+                        n += 1;
+                    }
+                }));
+            }
+        } else {
+            let client = distlock::Client::builder().redis_cluster(seeds).build().await.expect("client");
+            for task in 0..tasks {
+                let (client, stop, done) = (client.clone(), stop.clone(), done.clone());
+                handles.push(tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        let guard = client
+                            .lock(format!("dl:{task}"))
+                            .ttl(Duration::from_secs(10))
+                            .acquire()
+                            .await
+                            .expect("acquire");
+                        guard.release().await.expect("release");
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                }));
+            }
+        }
+        let started = Instant::now();
+        tokio::time::sleep(Duration::from_secs(seconds)).await;
+        stop.store(true, Ordering::Relaxed);
+        for handle in handles {
+            handle.await.expect("task");
+        }
+        println!("{:.0} cycles/s", done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64());
+    });
+}
