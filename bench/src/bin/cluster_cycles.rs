@@ -36,12 +36,7 @@ fn main() {
         let done = Arc::new(AtomicU64::new(0));
         let mut handles = Vec::new();
         if fenced {
-            let conn = redis::cluster::ClusterClientBuilder::new(seeds)
-                .build()
-                .expect("cluster client")
-                .get_async_connection()
-                .await
-                .expect("connect");
+            let conn = connect(seeds).await;
             let (acquire, release) =
                 (Arc::new(redis::Script::new(FENCED_ACQUIRE)), Arc::new(redis::Script::new(FENCED_RELEASE)));
             for task in 0..tasks {
@@ -60,12 +55,7 @@ fn main() {
                 }));
             }
         } else if raw {
-            let conn = redis::cluster::ClusterClientBuilder::new(seeds)
-                .build()
-                .expect("cluster client")
-                .get_async_connection()
-                .await
-                .expect("connect");
+            let conn = connect(seeds).await;
             let release = Arc::new(redis::Script::new(RAW_RELEASE));
             for task in 0..tasks {
                 let (mut conn, release, stop, done) = (conn.clone(), release.clone(), stop.clone(), done.clone());
@@ -114,4 +104,10 @@ fn main() {
         }
         println!("{:.0} cycles/s", done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64());
     });
+}
+
+/// A connection through the redis crate's own cluster client.
+async fn connect(seeds: Vec<String>) -> redis::cluster_async::ClusterConnection {
+    let client = redis::cluster::ClusterClientBuilder::new(seeds).build().expect("cluster client");
+    client.get_async_connection().await.expect("connect")
 }
