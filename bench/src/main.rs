@@ -46,6 +46,7 @@
 mod alloc;
 mod cluster_held;
 mod contention;
+mod floor;
 mod held;
 mod measure;
 mod proxy;

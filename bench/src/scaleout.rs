@@ -41,9 +41,7 @@ impl Row {
 }
 
 fn median_of(values: &[f64]) -> f64 {
-    let mut r = values.to_vec();
-    r.sort_by(f64::total_cmp);
-    r.get(r.len() / 2).copied().unwrap_or(0.0)
+    crate::measure::median(values.iter().copied())
 }
 
 /// Script calls (EVALSHA and EVAL) the servers have run so far, summed.

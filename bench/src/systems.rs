@@ -83,9 +83,7 @@ pub fn rslock(url: &str) -> rslock::LockManager {
     rslock::LockManager::from_clients(vec![client(url).expect("server url")])
 }
 
-/// Compare-and-delete: the raw release.
-pub const RAW_RELEASE: &str = r"if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0";
+pub use crate::floor::RAW_RELEASE;
 
 /// Compare-and-expire: the raw renewal.
 const RAW_RENEW: &str = r"if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end

@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const RAW_RELEASE: &str =
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+#[path = "../floor.rs"]
+mod floor;
+use floor::RAW_RELEASE;
 
 /// The least a fenced grant by script does: read the record (its last token), the server's clock, write.
 const FENCED_ACQUIRE: &str = "local v = redis.call('get', KEYS[1]) local t = redis.call('time') \

@@ -17,9 +17,9 @@
 
 use std::time::Duration;
 
-/// The raw floor's release: delete the key if it still holds our token.
-const RAW_RELEASE: &str =
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+#[path = "../floor.rs"]
+mod floor;
+use floor::RAW_RELEASE;
 
 fn main() {
     let url = std::env::var("REDIS_URL").expect("set REDIS_URL to a redis-server of your own");
