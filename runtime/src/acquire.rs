@@ -120,7 +120,8 @@ async fn acquire_free(request: &LockRequest, names: &[String]) -> Result<Option<
 /// failure, whose wait counts from the start of the whole request.
 async fn abandon_partial(guard: LockGuard, error: LockError, started: Instant) -> LockError {
     if guard.owns_any() {
-        if let Err(e) = guard.release().await {
+        // Boxed, as give_back's release is: a rare path that would otherwise enlarge every acquisition's future.
+        if let Err(e) = Box::pin(guard.release()).await {
             tracing::debug!(error = %e, "distlock: giving back the keys a multi-key request took failed; their leases free them");
         }
     }
@@ -182,7 +183,7 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
                 if Instant::now() < deadline && request.retry != RetryStrategy::None {
                     continue;
                 }
-                return give_back(request, pending, started).await;
+                return Box::pin(give_back(request, pending, started)).await;
             }
             Attempt::Busy { fence, remaining } => {
                 last_busy = Some(BusyAttempt { sent, fence });
@@ -256,7 +257,7 @@ async fn give_up(request: &LockRequest, mut pending: Pending, started: Instant) 
                 handed_over(&pending.keys, hold.fence, started, "withdrawing");
                 return Ok(grant(request, pending, hold.fence, lease));
             }
-            return give_back(request, pending, started).await;
+            return Box::pin(give_back(request, pending, started)).await;
         }
     }
     let (keys, ..) = pending.finish();
@@ -272,6 +273,9 @@ async fn give_up(request: &LockRequest, mut pending: Pending, started: Instant) 
 
 /// The server holds the lock for this request, which cannot use it (the reply came too late, or it needs an
 /// acknowledgement nobody waited for): release it, by token, so it is not left held, and report the wait lost.
+///
+/// Called boxed: a release's future is large, and inline it would enlarge every acquisition's future (which
+/// is moved whole, by memcpy, on every call) for a path rarely taken.
 async fn give_back(request: &LockRequest, mut pending: Pending, started: Instant) -> Result<Grant, LockError> {
     pending.in_flight = true;
     let backend = &request.client.inner.backend;

@@ -163,7 +163,10 @@ impl Link {
                     key,
                     SlotAddr::Master,
                 )));
-                let result = link.connection().route_command(cmd, route).await;
+                // Boxed: the crate's routing future is about 1.4 KB, and this method's future is part of every
+                // grant's (WAIT) and acquire's (the slot map) even where neither runs; a call that does go this
+                // way is a round trip to a node, next to which one allocation is nothing.
+                let result = Box::pin(link.connection().route_command(cmd, route)).await;
                 link.note(&result);
                 Ok(redis::from_redis_value(result?)?)
             }
@@ -206,7 +209,7 @@ impl Link {
             Link::Cluster(link) => {
                 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
                 let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host: host.to_owned(), port });
-                let result = link.connection().route_command(cmd, route).await;
+                let result = Box::pin(link.connection().route_command(cmd, route)).await;
                 link.note(&result);
                 Ok(redis::from_redis_value(result?)?)
             }

@@ -71,7 +71,9 @@ impl Hot {
     async fn run(&self, op: Op<'_>) -> Reply {
         match self {
             Hot::Coalesced(coalescer) => coalescer.run(op).await,
-            Hot::PerNode(nodes) => nodes.run(op).await,
+            // Boxed: a cluster's path wraps a coalescer's call in slot-map lookups, and inline it would enlarge
+            // every acquire's and release's future (moved whole on every call) on one server too.
+            Hot::PerNode(nodes) => Box::pin(nodes.run(op)).await,
         }
     }
 }
