@@ -74,8 +74,12 @@ pub(super) mod record {
     /// Writes the holder field, `<owner's length in bytes>:<owner><metadata>`, straight into a command's
     /// argument (no string built per attempt).
     pub(in super::super) fn write_holder(out: &mut impl std::io::Write, owner: &str, metadata: &str) {
-        // Writes into a command's buffer, which cannot fail.
-        let _ = write!(out, "{}:{owner}{metadata}", owner.len());
+        // Writes into a command's buffer, which cannot fail. On every acquire: plain writes, where `write!`'s
+        // formatting machinery cost the client about 500 instructions a call.
+        let _ = out.write_all(itoa::Buffer::new().format(owner.len()).as_bytes());
+        let _ = out.write_all(b":");
+        let _ = out.write_all(owner.as_bytes());
+        let _ = out.write_all(metadata.as_bytes());
     }
 
     /// The owner and metadata in a holder field; `None` if it is not one (not written by this client).
