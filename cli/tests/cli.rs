@@ -281,7 +281,7 @@ async fn a_missing_acl_right_is_reported() {
     let server = RedisServer::new();
     let mut admin = server.connection().await;
     let rights = "~distlock:* &distlock:* +ping +hello +info +evalsha +eval +script|load +get +set +del +exists \
-                  +pttl +pexpire +time +getdel +zadd +zpopmin +zrem +zscore +zcard +publish +subscribe +unsubscribe";
+                  +pttl +pexpire +time +getdel +setrange +zadd +zpopmin +zrem +zscore +zcard +publish +subscribe +unsubscribe";
     for (user, extra) in [("locks", ""), ("operator", " +scan +getrange +zrange"), ("scanner", " +scan +zrange")] {
         let mut cmd = redis::cmd("ACL");
         cmd.arg("SETUSER").arg(user).arg("on").arg(">pw");

@@ -26,9 +26,16 @@ pub use fixture::{
     acquire_after_recovery, busy_for_outsiders, eventually, within, Backend, Counter, Fixture, RawConnection,
 };
 
-/// What a released lock leaves in its Redis record, for the rest of its lease: `<FREED>:<last fencing token>`
-/// (the README's "What is stored in Redis"). A lock whose record is gone or freed is free.
+/// What a released lock leaves in its Redis record, for the rest of its lease: FREED written over the holder's
+/// token, `<FREED><mark><last fencing token>:…` (the README's "What is stored in Redis"). A lock whose record
+/// is gone or freed is free.
 pub const FREED: &str = "================================";
+
+/// The last fencing token a freed record keeps, or `None` when `value` is not a freed record.
+pub fn freed_fence(value: &str) -> Option<u64> {
+    let fields = value.strip_prefix(FREED)?.get(1..)?;
+    fields.split(':').next()?.parse().ok()
+}
 
 /// Whether the lock whose record is `record` is free on the server behind `conn`: no record, or a freed one.
 pub async fn record_is_free(conn: &mut impl redis::aio::ConnectionLike, record: &str) -> bool {

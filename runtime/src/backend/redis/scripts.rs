@@ -64,8 +64,8 @@ pub(super) mod record {
     /// The fencing token's first digit.
     #[cfg_attr(not(test), expect(dead_code, reason = "only the scripts read records; Rust checks the offset"))]
     pub(in super::super) const FENCE_AT: usize = TOKEN_LEN + 2;
-    /// What a freed record holds in place of a holder's token: `<FREED>:<fence>` is a released lock keeping
-    /// its last fencing token for the rest of its lease, for the next grant (fence.lua).
+    /// What a freed record holds in place of a holder's token: a released lock's record, FREED written over
+    /// its token, keeps its last fencing token for the rest of its lease, for the next grant (fence.lua).
     pub(in super::super) const FREED: &str = "================================";
     /// The mark of a record a waiter may be queued behind.
     #[cfg_attr(not(test), expect(dead_code, reason = "only the scripts read records; Rust checks the mark"))]
@@ -451,12 +451,17 @@ mod tests {
     }
 
     /// No script writes a key without an expiry, or a key of its own for the fencing token: a freed record
-    /// keeps the record's expiry (KEEPTTL), and every other write sets one.
+    /// keeps the record's expiry (SETRANGE over the record just read, which exists), and every other write sets
+    /// one.
     #[test]
     fn every_write_keeps_or_sets_an_expiry() {
         for (name, script) in all() {
             let source = script.source;
             assert!(!source.contains("'incr'") && !source.contains(":fence"), "{name}:\n{source}");
+            for (at, _) in source.match_indices("redis.call('setrange', ") {
+                let line = source[at..].lines().next().unwrap_or_default();
+                assert_eq!(line, "redis.call('setrange', R, 0, FREED)", "{name} writes a range of another key");
+            }
             for (at, _) in source.match_indices("redis.call('set', ") {
                 let line = source[at..].lines().next().unwrap_or_default();
                 let expiring = line.contains("'px', ") || line.contains("'keepttl'");

@@ -8,8 +8,9 @@
 -- hand-over is a new grant; renewals leave it), and <holder> the text the client sent with its attempt,
 -- `<owner's length in bytes>:<owner><metadata>`, which the scripts never look into. While `min_hold` keeps a
 -- released lock, <token> is NOBODY, which no hex token can equal. A lock given back with nobody to hand it to
--- leaves `<FREED>:<fence>` for the rest of its lease (Redis keeps the record's expiry): free, but its last
--- fencing token stays known to the next grant (fence.lua). FREED, too, no hex token can equal.
+-- has FREED written over its <token> (free.lua) and stays so for the rest of its lease (Redis keeps the
+-- record's expiry): free, but its last fencing token stays known to the next grant (fence.lua); its other
+-- fields mean nothing any more. FREED, too, no hex token can equal.
 local TOKEN_END = 32
 local MARK_AT = 33
 local FENCE_AT = 34
