@@ -30,15 +30,20 @@ impl FakeRedis {
         self.calls.lock().unwrap().clone()
     }
 
-    fn reply_to(op: &Op<'_>) -> [Value; 3] {
+    /// What BATCH answers for `op` (and a script of its own, for one): a grant's fence as text, a release's
+    /// code, an array for any other acquire reply or a failure.
+    fn reply_to(op: &Op<'_>) -> Value {
         let code = match op.record() {
-            "bad" => return [Value::Int(-1), Value::BulkString(b"ERR boom".to_vec()), Value::Int(0)],
+            "bad" => return Value::Array(vec![Value::Int(-1), Value::BulkString(b"ERR boom".to_vec()), Value::Int(0)]),
             "weird" => 7,
             _ => 1,
         };
         match op {
-            Op::Acquire { ttl_ms, .. } => [Value::Int(code), Value::Int(42), Value::Int(*ttl_ms as i64)],
-            Op::Release { .. } => [Value::Int(code), Value::Int(0), Value::Int(0)],
+            Op::Acquire { .. } if code == 1 => Value::BulkString(b"42".to_vec()),
+            Op::Acquire { ttl_ms, .. } => {
+                Value::Array(vec![Value::Int(code), Value::Int(42), Value::Int(*ttl_ms as i64)])
+            }
+            Op::Release { .. } => Value::Int(code),
         }
     }
 }
@@ -48,9 +53,8 @@ impl Transport for Arc<FakeRedis> {
         self.calls.lock().unwrap().push(ops.iter().map(|op| format!("{}:{}", op.letter(), op.record())).collect());
         self.gate.acquire().await.expect("gate open").forget();
         Ok(match ops {
-            [Op::Release { .. }] => FakeRedis::reply_to(&ops[0]).into_iter().next().expect("code"),
-            [op] => Value::Array(FakeRedis::reply_to(op).to_vec()),
-            _ => Value::Array(ops.iter().flat_map(FakeRedis::reply_to).collect()),
+            [op] => FakeRedis::reply_to(op),
+            _ => Value::Array(ops.iter().map(FakeRedis::reply_to).collect()),
         })
     }
 }
@@ -216,9 +220,8 @@ impl Transport for Arc<SimRedis> {
         tokio::time::sleep(self.one_way).await;
         self.in_flight.fetch_sub(1, SeqCst);
         Ok(match ops {
-            [Op::Release { .. }] => Value::Int(1),
-            [op] => Value::Array(FakeRedis::reply_to(op).to_vec()),
-            _ => Value::Array(ops.iter().flat_map(FakeRedis::reply_to).collect()),
+            [op] => FakeRedis::reply_to(op),
+            _ => Value::Array(ops.iter().map(FakeRedis::reply_to).collect()),
         })
     }
 }
@@ -295,8 +298,9 @@ impl Transport for Answers {
     }
 }
 
-/// ACQUIRE's fast path answers a grant with its fence alone (the lease is the ttl asked for); the slow path's
-/// three values still parse; anything else for an acquire is an error, never a grant.
+/// ACQUIRE's fast path answers a grant with its fence alone (the lease is the ttl asked for), as BATCH does
+/// with the fence's text; the slow path's three values still parse; anything else for an acquire is an error,
+/// never a grant.
 #[tokio::test]
 async fn a_grant_may_come_as_its_fence_alone() {
     use super::super::scripts::reply::{attempt_of, BUSY, GRANTED};
@@ -312,10 +316,72 @@ async fn a_grant_may_come_as_its_fence_alone() {
 
     let busy = Value::Array(vec![Value::Int(BUSY), Value::BulkString(b"7".to_vec()), Value::Int(250)]);
     assert_eq!(call_one(&Answers(busy), &acquire("a")).await.expect("busy"), (BUSY, 7, 250));
-    for other in [Value::BulkString(b"42".to_vec()), Value::Okay, Value::Array(vec![Value::Int(GRANTED)])] {
+    let text = call_one(&Answers(Value::BulkString(b"1795634117634643".to_vec())), &acquire("a")).await;
+    assert_eq!(text.expect("a grant"), (GRANTED, 1_795_634_117_634_643, 1000));
+    for other in [Value::BulkString(b"x42".to_vec()), Value::Okay, Value::Array(vec![Value::Int(GRANTED)])] {
         assert!(call_one(&Answers(other.clone()), &acquire("a")).await.is_err(), "{other:?} taken for a reply");
     }
     // A release never answers with a fence: an array for one is an error.
     let array = Value::Array(vec![Value::Int(1), Value::Int(0), Value::Int(0)]);
     assert!(call_one(&Answers(array), &release("a")).await.is_err());
+}
+
+/// In a BATCH call an acquire with the ttl and holder of the last one sent in full goes as 'b', its token alone
+/// (by KEYS on one server, by ARGV on a cluster node); one with another ttl or holder, or a queueing one, goes in
+/// full and sets what the next 'b' repeats.
+#[test]
+fn an_acquire_repeating_the_last_one_s_ttl_and_holder_sends_its_token_alone() {
+    use super::{command, command_spread};
+    let with_ttl = |record: &str, ttl_ms: u64| match acquire(record) {
+        Op::Acquire { record, token, owner, metadata, register_ms, lease_ms, plain, .. } => {
+            Op::Acquire { record, token, ttl_ms, owner, metadata, register_ms, lease_ms, plain }
+        }
+        other => other,
+    };
+    let queueing = match acquire("q") {
+        Op::Acquire { record, token, ttl_ms, owner, metadata, plain, .. } => {
+            Op::Acquire { record, token, ttl_ms, owner, metadata, register_ms: 300, lease_ms: 300, plain }
+        }
+        other => other,
+    };
+    let ops =
+        [acquire("a1"), acquire("a2"), with_ttl("a3", 2000), queueing, acquire("a4"), release("r"), acquire("a5")];
+    let token = |i: usize| match &ops[i] {
+        Op::Acquire { token, .. } | Op::Release { token, .. } => token.as_str().as_bytes().to_vec(),
+    };
+    let holder = b"10:test-owner".to_vec();
+    let expected: Vec<Vec<u8>> = vec![
+        b"abaqarb".to_vec(),
+        token(0),
+        b"1000".to_vec(),
+        holder.clone(),
+        token(1),
+        token(2),
+        b"2000".to_vec(),
+        holder.clone(),
+        token(3),
+        b"1000".to_vec(),
+        holder.clone(),
+        b"300".to_vec(),
+        b"300".to_vec(),
+        token(4),
+        b"1000".to_vec(),
+        holder.clone(),
+        token(5),
+        token(6),
+    ];
+    let args = |cmd: redis::Cmd| -> Vec<Vec<u8>> {
+        cmd.args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => bytes.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect()
+    };
+    let batch = args(command(&ops, false));
+    assert_eq!(batch[2], b"7", "seven KEYS");
+    assert_eq!(&batch[3 + ops.len()..], &expected[..]);
+    let spread = args(command_spread(&ops, false));
+    assert_eq!(spread[4], expected[0], "the letters, after KEYS[1]");
+    assert_eq!(&spread[5 + ops.len()..], &expected[1..]);
 }

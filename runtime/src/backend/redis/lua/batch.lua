@@ -3,15 +3,17 @@
 -- KEYS: each operation's record, in order (each touches its derived keys as ACQUIRE and RELEASE do).
 -- ARGV[1]: one letter per operation; then each operation's arguments, in order:
 --   a  acquire: token, ttl ms, holder
+--   b  acquire with the ttl and holder of the last 'a' before it in this call: token
 --   p  acquire on a store without queue or fencing (ACQUIRE_PLAIN): token, ttl ms, holder
 --   q  acquire and queue: token, ttl ms, holder, register ms, hand-over lease ms
 --   r  release: token
 --   k  release but keep: token, keep ms
--- Reply: three values per operation: {code, fence, ms} as ACQUIRE replies, {code, 0, 0} for a release, or
---   {FAILED, error message, 0} when that operation failed (the others still ran).
+-- Reply: one value per operation: a grant's fencing token as decimal text (its lease is the ttl asked for;
+--   ACQUIRE_PLAIN's grants: 0), a release's code, {code, fence, ms} for any other acquire reply (as ACQUIRE's
+--   slow path), or {FAILED, error message, 0} when that operation failed (the others still ran).
 -- #include record fence free hand_over queue acquire_fn acquire_plain_fn release_fn
 local function release_op(R, token, keep)
   return release(R, token, keep, redis.call('get', R))
 end
 -- #include batch_fn
-return run_batch(KEYS, ARGV[1], 2)
+return run_batch(KEYS, 0, ARGV[1], 2)

@@ -12,9 +12,4 @@ local function release_op(R, token, keep)
   return release(R, token, keep, redis.call('get', R))
 end
 -- #include batch_fn
-local n = #ARGV[1]
-local records = {}
-for i = 1, n do
-  records[i] = ARGV[i + 1]
-end
-return run_batch(records, ARGV[1], n + 2)
+return run_batch(ARGV, 1, ARGV[1], #ARGV[1] + 2)
