@@ -9,7 +9,8 @@
 //! ```
 //!
 //! `fresh` locks a new key each cycle (one lock per id, never locked before), where distlock's cycles otherwise
-//! take the same key again. Run redis-server itself under callgrind (and `callgrind_control -d` after each
+//! take the same key again. `TASKS=64` shares the cycles among 64 tasks, each on a key of its own: their
+//! operations then share script calls, so what is counted is a batched cycle. Run redis-server itself under callgrind (and `callgrind_control -d` after each
 //! run) to count what a cycle costs Redis.
 //!
 //! Instruction counts do not move with the machine's load, so they show client-side changes of a few percent
@@ -35,10 +36,21 @@ fn main() {
         } else {
             let client = distlock::Client::builder().redis(url).build().await.expect("client");
             let run = std::process::id();
-            for cycle in 0..cycles {
-                let key = if fresh { format!("lone:{run}:{cycle}") } else { "lone".to_owned() };
-                let guard = client.lock(key).ttl(Duration::from_secs(30)).acquire().await.expect("acquire");
-                guard.release().await.expect("release");
+            // TASKS=n: n tasks, each cycling on a key of its own, share the cycles; their operations share
+            // script calls (BATCH), as the benchmark's 64 tasks do.
+            let tasks: u64 = std::env::var("TASKS").map_or(1, |t| t.parse().expect("TASKS: a whole number"));
+            let each = (0..tasks).map(|task| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    for cycle in 0..cycles / tasks {
+                        let key = if fresh { format!("lone:{run}:{task}:{cycle}") } else { format!("lone:{task}") };
+                        let guard = client.lock(key).ttl(Duration::from_secs(30)).acquire().await.expect("acquire");
+                        guard.release().await.expect("release");
+                    }
+                })
+            });
+            for task in each.collect::<Vec<_>>() {
+                task.await.expect("a task ran to the end");
             }
         }
     });
