@@ -401,7 +401,7 @@ async fn server_notes(conn: &mut MultiplexedConnection) -> Vec<String> {
     }
     if field("aof_enabled:").as_deref() == Some("0") {
         notes.push(String::from(
-            "AOF is off: a restart may free locks and reset fencing tokens to the last snapshot (if any)",
+            "AOF is off: a restart frees every lock at once (fencing tokens still rise: they follow the server's clock)",
         ));
     }
     if let Some(role) = field("role:") {
