@@ -10,8 +10,8 @@
 //!
 //! `fresh` locks a new key each cycle (one lock per id, never locked before), where distlock's cycles otherwise
 //! take the same key again. `TASKS=64` shares the cycles among 64 tasks, each on a key of its own: their
-//! operations then share script calls, so what is counted is a batched cycle. Run redis-server itself under callgrind (and `callgrind_control -d` after each
-//! run) to count what a cycle costs Redis.
+//! operations then share script calls, so what is counted is a batched cycle. Run redis-server itself under
+//! callgrind (and `callgrind_control -d` after each run) to count what a cycle costs Redis.
 //!
 //! Instruction counts do not move with the machine's load, so they show client-side changes of a few percent
 //! that wall-clock runs on a shared virtual machine cannot (no hardware counters there).

@@ -391,9 +391,9 @@ pub(super) fn command(ops: &[Op<'_>], by_source: bool) -> Cmd {
         cmd.arg(op.record());
     }
     if batched {
-        let (letters, repeats) = batch_letters(ops);
-        cmd.arg(letters);
-        write_batch_args(ops, &repeats, &mut cmd);
+        let letters = batch_letters(ops);
+        cmd.arg(&letters);
+        write_batch_args(ops, &letters, &mut cmd);
     } else {
         for op in ops {
             op.write_args(&mut cmd);
@@ -402,30 +402,27 @@ pub(super) fn command(ops: &[Op<'_>], by_source: bool) -> Cmd {
     cmd
 }
 
-/// [`BATCH`]'s operation letters, and which operations repeat the ttl and holder of the last acquire sent in
-/// full ('a'): those go as 'b', their token alone.
-fn batch_letters(ops: &[Op<'_>]) -> (String, Vec<bool>) {
-    let mut letters = String::with_capacity(ops.len());
+/// [`BATCH`]'s operation letters. An acquire that repeats the ttl and holder of the last one sent in full ('a')
+/// goes as 'b', its token alone.
+fn batch_letters(ops: &[Op<'_>]) -> String {
     let mut last_in_full: Option<&Op<'_>> = None;
-    let repeats = ops
-        .iter()
-        .map(|op| {
-            let repeats = last_in_full.is_some_and(|earlier| op.repeats(earlier));
-            letters.push(if repeats { 'b' } else { op.letter() });
-            if !repeats && op.letter() == 'a' {
+    ops.iter()
+        .map(|op| match op.letter() {
+            'a' if last_in_full.is_some_and(|earlier| op.repeats(earlier)) => 'b',
+            'a' => {
                 last_in_full = Some(op);
+                'a'
             }
-            repeats
+            letter => letter,
         })
-        .collect();
-    (letters, repeats)
+        .collect()
 }
 
-/// The operations' arguments in a [`BATCH`] call, `repeats` as [`batch_letters`] found them.
-fn write_batch_args(ops: &[Op<'_>], repeats: &[bool], cmd: &mut Cmd) {
-    for (op, &repeats) in ops.iter().zip(repeats) {
+/// The operations' arguments in a [`BATCH`] call, each as its letter says ('b': the token alone).
+fn write_batch_args(ops: &[Op<'_>], letters: &str, cmd: &mut Cmd) {
+    for (op, letter) in ops.iter().zip(letters.bytes()) {
         match op {
-            Op::Acquire { token, .. } if repeats => {
+            Op::Acquire { token, .. } if letter == b'b' => {
                 cmd.arg(token.as_str());
             }
             _ => op.write_args(cmd),
@@ -443,12 +440,12 @@ pub(super) fn command_spread(ops: &[Op<'_>], by_source: bool) -> Cmd {
     } else {
         cmd.arg("EVALSHA").arg(&BATCH_SPREAD.sha);
     }
-    let (letters, repeats) = batch_letters(ops);
-    cmd.arg(1).arg(first.record()).arg(letters);
+    let letters = batch_letters(ops);
+    cmd.arg(1).arg(first.record()).arg(&letters);
     for op in ops {
         cmd.arg(op.record());
     }
-    write_batch_args(ops, &repeats, &mut cmd);
+    write_batch_args(ops, &letters, &mut cmd);
     cmd
 }
 

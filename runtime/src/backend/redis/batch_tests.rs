@@ -332,20 +332,14 @@ async fn a_grant_may_come_as_its_fence_alone() {
 #[test]
 fn an_acquire_repeating_the_last_one_s_ttl_and_holder_sends_its_token_alone() {
     use super::{command, command_spread};
-    let with_ttl = |record: &str, ttl_ms: u64| match acquire(record) {
-        Op::Acquire { record, token, owner, metadata, register_ms, lease_ms, plain, .. } => {
-            Op::Acquire { record, token, ttl_ms, owner, metadata, register_ms, lease_ms, plain }
-        }
-        other => other,
-    };
-    let queueing = match acquire("q") {
-        Op::Acquire { record, token, ttl_ms, owner, metadata, plain, .. } => {
-            Op::Acquire { record, token, ttl_ms, owner, metadata, register_ms: 300, lease_ms: 300, plain }
-        }
-        other => other,
-    };
-    let ops =
-        [acquire("a1"), acquire("a2"), with_ttl("a3", 2000), queueing, acquire("a4"), release("r"), acquire("a5")];
+    let (mut a3, mut queueing) = (acquire("a3"), acquire("q"));
+    if let Op::Acquire { ttl_ms, .. } = &mut a3 {
+        *ttl_ms = 2000;
+    }
+    if let Op::Acquire { register_ms, lease_ms, .. } = &mut queueing {
+        (*register_ms, *lease_ms) = (300, 300);
+    }
+    let ops = [acquire("a1"), acquire("a2"), a3, queueing, acquire("a4"), release("r"), acquire("a5")];
     let token = |i: usize| match &ops[i] {
         Op::Acquire { token, .. } | Op::Release { token, .. } => token.as_str().as_bytes().to_vec(),
     };
