@@ -1,45 +1,71 @@
 -- run_batch(records, at, ops, a) → the BATCH reply: one value per operation (batch.lua). `records[at + i]`
 -- is operation i's record (read in place: a copy into a table of their own cost Redis 1.6k instructions a
--- lock cycle), `ops` has one letter per operation (see batch.lua), and its arguments start at ARGV[a]. Every
--- command of an operation runs under its pcall, so its failure is its own. Needs acquire, acquire_plain and
--- release.
+-- lock cycle), `ops` has one letter per operation (see batch.lua), and its arguments start at ARGV[a].
+--
+-- The common cases run inline, as ACQUIRE's and RELEASE's fast paths do: an acquire of a FREED lock or of
+-- one with no record and no queue, and a release by its owner with nobody queued. Anything else calls the
+-- functions `slow()` defines, on the first operation that needs them (batch.lua).
+--
+-- An operation's failure is its own: the loop runs under one pcall, and when an operation raises, the pass
+-- ends there, its value is FAILED and the next pass goes on with the operation after it. (A pcall and a
+-- function call per operation cost Redis more than the operation's own commands inside.) Each operation
+-- moves `a` past its arguments before it runs a command, so a failed one leaves the next one's in place.
 local function run_batch(records, at, ops, a)
-  local out = {}
+  local out, n, i = {}, #ops, 0
   -- The ttl and holder of the last 'a', which a 'b' reuses.
   local ttl, holder
-  for i = 1, #ops do
-    local op, R = string.byte(ops, i), records[at + i]
-    local ok, code, fence, ms
-    if op == 98 then
-      ok, code, fence, ms = pcall(acquire, R, ARGV[a], ttl, holder, '0', '0')
-      a = a + 1
-    elseif op == 97 then
-      ttl, holder = ARGV[a + 1], ARGV[a + 2]
-      ok, code, fence, ms = pcall(acquire, R, ARGV[a], ttl, holder, '0', '0')
-      a = a + 3
-    elseif op == 112 then
-      ok, code, fence, ms = pcall(acquire_plain, R, ARGV[a], ARGV[a + 1], ARGV[a + 2])
-      a = a + 3
-    elseif op == 113 then
-      ok, code, fence, ms = pcall(acquire, R, ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
-      a = a + 5
-    elseif op == 114 then
-      ok, code = pcall(release_op, R, ARGV[a], '0')
-      a = a + 1
-    else
-      ok, code = pcall(release_op, R, ARGV[a], ARGV[a + 1])
-      a = a + 2
+  local function pass()
+    while i < n do
+      i = i + 1
+      local op, R, t = string.byte(ops, i), records[at + i], a
+      if op == 98 or op == 97 then
+        if op == 97 then
+          ttl, holder, a = ARGV[t + 1], ARGV[t + 2], t + 3
+        else
+          a = t + 1
+        end
+        local token, v = ARGV[t], redis.call('get', R)
+        local free, last
+        -- #include is_free
+        if free then
+          local fence, now
+          -- #include grant
+          out[i] = fence
+        else
+          local code, fence, ms = slow().acquire(R, token, ttl, holder, '0', '0', v)
+          -- One value per operation: each value more in the reply cost Redis about 1k instructions.
+          if code == GRANTED and fence then out[i] = fence else out[i] = {code, fence or 0, ms or 0} end
+        end
+      elseif op == 114 then
+        a = t + 1
+        local token, v = ARGV[t], redis.call('get', R)
+        -- (A token is TOKEN_END hex digits: a shorter one must not match as a prefix.)
+        if v and #token == TOKEN_END and string.find(v, token, 1, true) == 1
+            and string.byte(v, MARK_AT) ~= QUEUED_MARK then
+          -- #include freeing
+          out[i] = RELEASED
+        else
+          out[i] = slow().release(R, token, '0', v)
+        end
+      elseif op == 107 then
+        a = t + 2
+        out[i] = slow().release(R, ARGV[t], ARGV[t + 1], redis.call('get', R))
+      else
+        local code, fence, ms
+        if op == 113 then
+          a = t + 5
+          code, fence, ms = slow().acquire(R, ARGV[t], ARGV[t + 1], ARGV[t + 2], ARGV[t + 3], ARGV[t + 4])
+        else
+          a = t + 3
+          code, fence, ms = slow().acquire_plain(R, ARGV[t], ARGV[t + 1], ARGV[t + 2])
+        end
+        if code == GRANTED and fence then out[i] = fence else out[i] = {code, fence or 0, ms or 0} end
+      end
     end
-    -- One value per operation: each value more in the reply cost Redis about 1k instructions.
-    if not ok then
-      out[i] = {FAILED, type(code) == 'table' and code.err or tostring(code), 0}
-    elseif op == 114 or op == 107 then
-      out[i] = code
-    elseif code == GRANTED and fence then
-      out[i] = fence
-    else
-      out[i] = {code, fence or 0, ms or 0}
-    end
+  end
+  while i < n do
+    local ok, e = pcall(pass)
+    if not ok then out[i] = {FAILED, type(e) == 'table' and e.err or tostring(e), 0} end
   end
   return out
 end

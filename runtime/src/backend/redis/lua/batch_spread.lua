@@ -7,9 +7,9 @@
 -- ARGV[1]: one letter per operation, as BATCH's; then each operation's record, in order; then the operations'
 --   arguments as BATCH takes them.
 -- Reply: as BATCH's.
--- #include record fence free hand_over queue acquire_fn acquire_plain_fn release_fn
-local function release_op(R, token, keep)
-  return release(R, token, keep, redis.call('get', R))
-end
+-- #include record
+-- The script's clock (fence.lua): one TIME a call, shared by the inline grants and the slow paths'.
+local clock
+-- #include batch_slow
 -- #include batch_fn
 return run_batch(ARGV, 1, ARGV[1], #ARGV[1] + 2)

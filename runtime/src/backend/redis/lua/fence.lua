@@ -24,13 +24,4 @@
 -- function defined in a script is a new closure on every call, and the fence's two cost Redis as much as a
 -- quarter of a grant.
 local clock
-local function next_fence(last)
-  local fence, now
-  -- #include next_fence
-  return fence, now
-end
-local function grant(R, token, ttl, holder, last)
-  local fence, now
-  -- #include grant
-  return fence
-end
+-- #include fence_fns
