@@ -55,9 +55,13 @@ local function run_batch(records, at, ops, a)
         if op == 113 then
           a = t + 5
           code, fence, ms = slow().acquire(R, ARGV[t], ARGV[t + 1], ARGV[t + 2], ARGV[t + 3], ARGV[t + 4])
-        else
+        elseif op == 112 then
           a = t + 3
           code, fence, ms = slow().acquire_plain(R, ARGV[t], ARGV[t + 1], ARGV[t + 2])
+        else
+          -- Where its arguments end is unknown, so every operation from here on fails with it.
+          a = #ARGV + 1
+          error('unknown operation ' .. string.char(op))
         end
         if code == GRANTED and fence then out[i] = fence else out[i] = {code, fence or 0, ms or 0} end
       end
