@@ -4,7 +4,7 @@
 --
 -- The common cases run inline, as ACQUIRE's and RELEASE's fast paths do: an acquire of a FREED lock or of
 -- one with no record and no queue, and a release by its owner with nobody queued. Anything else calls the
--- functions `slow()` defines, on the first operation that needs them (batch.lua).
+-- functions `slow()` defines, on the first operation that needs them (batch_slow.lua).
 --
 -- An operation's failure is its own: the loop runs under one pcall, and when an operation raises, the pass
 -- ends there, its value is FAILED and the next pass goes on with the operation after it. (A pcall and a

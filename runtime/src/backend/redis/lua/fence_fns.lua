@@ -1,5 +1,5 @@
 -- The functions fence.lua describes, without the script's `clock` they read and set: BATCH defines them only
--- when an operation needs them, beside the clock its inline grants share (batch.lua).
+-- when an operation needs them, beside the clock its inline grants share (batch_slow.lua).
 local function next_fence(last)
   local fence, now
   -- #include next_fence
