@@ -27,7 +27,7 @@ const FENCED_ACQUIRE: &str = "local v = redis.call('get', KEYS[1]) local t = red
 const FENCED_RELEASE: &str = "local v = redis.call('get', KEYS[1]) \
      if v and string.find(v, ARGV[1], 1, true) == 1 then redis.call('set', KEYS[1], 'freed', 'keepttl') return 1 end \
      return 0";
-/// `coalesced`'s acquires: ARGV[1] the lock count n, then n records, then n tokens. Writes a record of
+/// `coalesced`'s acquires: `ARGV[1]` the lock count n, then n records, then n tokens. Writes a record of
 /// distlock's shape (token, fence, grant time, holder).
 const COALESCED_ACQUIRE: &str = "local n = tonumber(ARGV[1]) local t = redis.call('time') local now = t[1] .. t[2] \
      local out = {} for i = 1, n do local R = ARGV[i + 1] local v = redis.call('get', R) \
