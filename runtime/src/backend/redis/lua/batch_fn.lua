@@ -18,6 +18,8 @@ local function run_batch(records, at, ops, a)
     while i < n do
       i = i + 1
       local op, R, t = string.byte(ops, i), records[at + i], a
+      -- An acquire that leaves the fast path: its reply, as one value (below).
+      local code, fence, ms
       if op == 98 or op == 97 then
         if op == 97 then
           ttl, holder, a = ARGV[t + 1], ARGV[t + 2], t + 3
@@ -28,13 +30,11 @@ local function run_batch(records, at, ops, a)
         local free, last
         -- #include is_free
         if free then
-          local fence, now
+          local now
           -- #include grant
           out[i] = fence
         else
-          local code, fence, ms = slow().acquire(R, token, ttl, holder, '0', '0', v)
-          -- One value per operation: each value more in the reply cost Redis about 1k instructions.
-          if code == GRANTED and fence then out[i] = fence else out[i] = {code, fence or 0, ms or 0} end
+          code, fence, ms = slow().acquire(R, token, ttl, holder, '0', '0', v)
         end
       elseif op == 114 then
         a = t + 1
@@ -50,20 +50,22 @@ local function run_batch(records, at, ops, a)
       elseif op == 107 then
         a = t + 2
         out[i] = slow().release(R, ARGV[t], ARGV[t + 1], redis.call('get', R))
+      elseif op == 113 then
+        a = t + 5
+        code, fence, ms = slow().acquire(R, ARGV[t], ARGV[t + 1], ARGV[t + 2], ARGV[t + 3], ARGV[t + 4])
+      elseif op == 112 then
+        a = t + 3
+        code, fence, ms = slow().acquire_plain(R, ARGV[t], ARGV[t + 1], ARGV[t + 2])
       else
-        local code, fence, ms
-        if op == 113 then
-          a = t + 5
-          code, fence, ms = slow().acquire(R, ARGV[t], ARGV[t + 1], ARGV[t + 2], ARGV[t + 3], ARGV[t + 4])
-        elseif op == 112 then
-          a = t + 3
-          code, fence, ms = slow().acquire_plain(R, ARGV[t], ARGV[t + 1], ARGV[t + 2])
-        else
-          -- Where its arguments end is unknown, so every operation from here on fails with it.
-          a = #ARGV + 1
-          error('unknown operation ' .. string.char(op))
-        end
-        if code == GRANTED and fence then out[i] = fence else out[i] = {code, fence or 0, ms or 0} end
+        -- Where its arguments end is unknown, so every operation from here on fails with it.
+        a = #ARGV + 1
+        error('unknown operation ' .. string.char(op))
+      end
+      -- One value per operation: each value more in the reply cost Redis about 1k instructions.
+      if code == GRANTED and fence then
+        out[i] = fence
+      elseif code then
+        out[i] = {code, fence or 0, ms or 0}
       end
     end
   end
