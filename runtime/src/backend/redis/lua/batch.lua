@@ -11,9 +11,5 @@
 -- Reply: one value per operation: a grant's fencing token as decimal text (its lease is the ttl asked for;
 --   ACQUIRE_PLAIN's grants: 0), a release's code, {code, fence, ms} for any other acquire reply (as ACQUIRE's
 --   slow path), or {FAILED, error message, 0} when that operation failed (the others still ran).
--- #include record
--- The script's clock (fence.lua): one TIME a call, shared by the inline grants and the slow paths'.
-local clock
--- #include batch_slow
--- #include batch_fn
+-- #include record batch_slow batch_fn
 return run_batch(KEYS, 0, ARGV[1], 2)

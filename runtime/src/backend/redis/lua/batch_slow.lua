@@ -2,6 +2,9 @@
 -- call of slow() in a script call. A function defined in a script is a new closure, with its upvalues, on
 -- every call; defined here, they cost a call whose operations all take the fast paths nothing. They see the
 -- record's names through a copy of their own (so creating slow() captures no more than `clock`).
+--
+-- First, the script's clock (fence.lua): one TIME a call, shared by BATCH's inline grants and the slow paths'.
+local clock
 local slow_fns
 local function slow()
   if not slow_fns then

@@ -7,9 +7,5 @@
 -- ARGV[1]: one letter per operation, as BATCH's; then each operation's record, in order; then the operations'
 --   arguments as BATCH takes them.
 -- Reply: as BATCH's.
--- #include record
--- The script's clock (fence.lua): one TIME a call, shared by the inline grants and the slow paths'.
-local clock
--- #include batch_slow
--- #include batch_fn
+-- #include record batch_slow batch_fn
 return run_batch(ARGV, 1, ARGV[1], #ARGV[1] + 2)
