@@ -3,7 +3,8 @@
 //! also notices a holder that crashed).
 //!
 //! Leases follow the rule written on [`Lease`]: a grant or claim counts from its own attempt's send, for the
-//! lease in its reply; an announced hand-over only when it is provably newer than the last busy attempt. What
+//! lease in its reply; an announced hand-over only when it used the registration of the last busy attempt
+//! (the announcement names that attempt), so it happened after that attempt's send. What
 //! cannot be dated that way is claimed by one more attempt, and a hand-over that lapsed never ends the wait:
 //! the waiter keeps its place until `wait` runs out, and gives back any grant it cannot use.
 
@@ -11,7 +12,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Announcement, Attempt, Hold, LockKeys, Queueing, Store, WakeUps};
+use crate::backend::{Announcement, Attempt, HandOver, Hold, LockKeys, Queueing, Store, WakeUps};
 use crate::grant::{Grant, Lease};
 use crate::hooks::{reverted, Fix};
 use crate::observe;
@@ -24,12 +25,14 @@ const RETRY_AFTER_ERROR: Duration = Duration::from_millis(50);
 /// When to give up if `wait` is effectively forever.
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 86_400);
 
-/// The last attempt that found another grant holding the lock. A hand-over to this waiter with a higher
-/// fencing token than that grant's happened after this attempt reached the server, so after its send.
+/// The last attempt that found another grant holding the lock. A hand-over to this waiter that announces this
+/// attempt's number used the registration this attempt left in the queue, so it happened after this attempt
+/// reached the server, so after its send. (Fencing tokens cannot tell: they go back with the server's clock.)
 #[derive(Debug, Clone, Copy)]
 struct BusyAttempt {
     sent: Instant,
-    fence: u64,
+    /// Its number, if it registered a place in the queue.
+    queued: Option<u64>,
 }
 
 /// Takes every key of `request` (one, or several from [`Client::lock_all`](crate::Client::lock_all)) into one
@@ -148,10 +151,12 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
     let mut claiming = false;
     let mut last_busy: Option<BusyAttempt> = None;
     let mut retries = 0;
+    let mut attempts = 0;
     loop {
+        attempts += 1;
         // Queue only once waiting, and listening where the store announces: a hand-over announced before
         // that could be missed.
-        let queueing = (waiting && capabilities.fair_queue).then(|| queueing(request, retries + 1));
+        let queueing = (waiting && capabilities.fair_queue).then(|| queueing(request, retries + 1, attempts));
         pending.queued |= queueing.is_some();
         pending.in_flight = true;
         let sent = Instant::now();
@@ -185,8 +190,8 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
                 }
                 return Box::pin(give_back(request, pending, started)).await;
             }
-            Attempt::Busy { fence, remaining } => {
-                last_busy = Some(BusyAttempt { sent, fence });
+            Attempt::Busy { remaining, .. } => {
+                last_busy = Some(BusyAttempt { sent, queued: queueing.map(|q| q.attempt) });
                 remaining
             }
         };
@@ -305,11 +310,15 @@ fn grant(request: &LockRequest, pending: Pending, fence: u64, lease: Lease) -> G
     Grant::new(request.client.clone(), keys, token, fence, lease, request.limits, activity)
 }
 
-/// A hand-over heard as an announcement, with its lease, if provably fresh: its fencing token is above that of
-/// the grant the last busy attempt found, so it happened after that attempt was sent, and its lease counts
-/// from there. `None` for a stale one (a hand-over that lapsed before that attempt reached the server).
-fn announced(request: &LockRequest, last_busy: Option<BusyAttempt>, hold: Hold) -> Option<(u64, Lease)> {
-    let busy = last_busy.filter(|busy| hold.fence > busy.fence || reverted(Fix::FreshAnnouncement))?;
+/// A hand-over heard as an announcement, with its lease, if provably fresh: it used the registration of the
+/// last busy attempt (the announcement names that attempt), so it happened after that attempt was sent, and
+/// its lease counts from there. `None` for a stale one: a hand-over that used an earlier attempt's
+/// registration may have lapsed before the last attempt reached the server, whatever its fencing token says
+/// (tokens go back with the server's clock).
+fn announced(request: &LockRequest, last_busy: Option<BusyAttempt>, handed: HandOver) -> Option<(u64, Lease)> {
+    let fresh = |busy: &BusyAttempt| busy.queued == Some(handed.attempt) || reverted(Fix::FreshAnnouncement);
+    let busy = last_busy.filter(fresh)?;
+    let hold = handed.hold;
     Some((hold.fence, Lease::granted(request.ttl, busy.sent, reported(request, hold))))
 }
 
@@ -328,10 +337,11 @@ fn refresh_interval(request: &LockRequest, retry: u32) -> Duration {
     request.retry.delay(retry).unwrap_or_default().min(request.ttl / 3).max(Duration::from_millis(1))
 }
 
-/// The registration sent with an attempt: it outlives two missed refreshes; a hand-over lease no longer.
-fn queueing(request: &LockRequest, retry: u32) -> Queueing {
+/// The registration sent with attempt number `attempt`: it outlives two missed refreshes; a hand-over lease
+/// no longer.
+fn queueing(request: &LockRequest, retry: u32, attempt: u64) -> Queueing {
     let register = refresh_interval(request, retry) * 3 + Duration::from_millis(100);
-    Queueing { register, lease: register.min(request.ttl) }
+    Queueing { register, lease: register.min(request.ttl), attempt }
 }
 
 /// A request under way: its lock names and token. If it is dropped (cancelled) or fails while an attempt

@@ -26,14 +26,19 @@ pub use fixture::{
     acquire_after_recovery, busy_for_outsiders, eventually, within, Backend, Counter, Fixture, RawConnection,
 };
 
-/// What a released lock leaves in its Redis record, for the rest of its lease: FREED written over the holder's
-/// token, `<FREED><mark><last fencing token>:…` (the README's "What is stored in Redis"). A lock whose record
-/// is gone or freed is free.
-pub const FREED: &str = "================================";
+/// What a released lock leaves in its Redis record, for the rest of its lease: FREED written over the first half
+/// of the holder's token, `<FREED><token's second half><mark><last fencing token>:…` (the README's "What is
+/// stored in Redis"). A lock whose record is gone or freed is free.
+pub const FREED: &str = "================";
+
+/// A freed record as a release leaves it, with `fence` as its last token (and no real token's second half).
+pub fn freed_record(fence: u64) -> String {
+    format!("{FREED}{}:{fence}", "=".repeat(FREED.len()))
+}
 
 /// The last fencing token a freed record keeps, or `None` when `value` is not a freed record.
 pub fn freed_fence(value: &str) -> Option<u64> {
-    let fields = value.strip_prefix(FREED)?.get(1..)?;
+    let fields = value.strip_prefix(FREED)?.get(FREED.len() + 1..)?;
     fields.split(':').next()?.parse().ok()
 }
 

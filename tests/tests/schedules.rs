@@ -106,7 +106,7 @@ async fn between_attempts(monitor: Option<&Monitor>, record: &str, settle: Durat
     if let Some(monitor) = monitor {
         let from = monitor.len();
         wait_monitor(monitor, from, "W's next queued attempt", |lines| {
-            acquire_calls(lines, record).into_iter().find(|a| a.len() == 9)
+            acquire_calls(lines, record).into_iter().find(|a| a.len() == QUEUED_ACQUIRE_ARGS)
         })
         .await;
         tokio::time::sleep(settle).await;
@@ -302,6 +302,10 @@ async fn late_claim_acknowledged(fx: Fixture, key: &'static str, wait_runs_out: 
 // Schedule 3: a lease assumed after a dropped reply
 // ---------------------------------------------------------------------------------------------------------
 
+/// How many arguments MONITOR shows for a queued ACQUIRE: EVALSHA, sha, 1, record, token, ttl, holder, register,
+/// hand-over lease, attempt.
+const QUEUED_ACQUIRE_ARGS: usize = 10;
+
 /// Acquire calls by client command (not a script's inner calls) on `record`: the argument lists.
 fn acquire_calls(lines: &[String], record: &str) -> Vec<Vec<String>> {
     lines
@@ -400,7 +404,7 @@ async fn s15_3_lease_assumed_after_dropped_reply() {
     // The first attempt's reply is in (W subscribed after it); the second attempt is not sent yet.
     assert!(proxy.set_connection_fault(COMMANDS, Fault::DropReplies), "setup: W's command connection closed");
     wait_monitor(&monitor, from, "W's second, queued attempt", |lines| {
-        acquire_calls(lines, &record).into_iter().find(|a| a.len() == 9 && a[4] == token)
+        acquire_calls(lines, &record).into_iter().find(|a| a.len() == QUEUED_ACQUIRE_ARGS && a[4] == token)
     })
     .await;
     eventually(secs(5), "the reply to W's second attempt is dropped", || async {

@@ -61,11 +61,19 @@ struct Waiter {
     token: String,
     expires_at: Instant,
     lease: Duration,
+    /// The ttl it asked for: a hand-over's fencing token is kept that long, though its record may lapse after
+    /// the short hand-over `lease`.
+    ttl: Duration,
+    /// The number of the attempt that last registered it, which a hand-over announces.
+    attempt: u64,
     owner: Arc<str>,
     metadata: String,
     /// When it first queued.
     queued_at: Instant,
 }
+
+/// A record's owner and metadata.
+type Holder<'a> = (&'a Arc<str>, &'a str);
 
 #[derive(Debug)]
 struct Channel {
@@ -141,7 +149,7 @@ impl MemoryState {
                 break waiter;
             }
         };
-        let fence = self.next_fence(keys, heir.lease);
+        let fence = self.next_fence(keys, heir.ttl);
         let record = Record {
             token: Some(heir.token.clone()),
             fence,
@@ -152,23 +160,29 @@ impl MemoryState {
         };
         self.records.insert(keys.record.clone(), record);
         if let Some(channel) = self.channels.get(&keys.channel()) {
-            channel.tx.send_replace(Announcement::hand_over(&heir.token, Hold { fence, lease: heir.lease }));
+            let hold = Hold { fence, lease: heir.lease };
+            channel.tx.send_replace(Announcement::hand_over(&heir.token, hold, heir.attempt));
         }
         Some(heir.token)
     }
 
-    fn enqueue(&mut self, keys: &LockKeys, token: &LockToken, queueing: Queueing, owner: &Arc<str>, metadata: &str) {
+    fn enqueue(&mut self, keys: &LockKeys, token: &LockToken, ttl: Duration, queueing: Queueing, holder: Holder<'_>) {
         let queue = self.queues.entry(keys.record.clone()).or_default();
         let expires_at = Instant::now() + queueing.register;
+        let (owner, metadata) = holder;
         match queue.iter_mut().find(|w| w.token == token.as_str()) {
             Some(waiter) => {
                 waiter.expires_at = expires_at;
                 waiter.lease = queueing.lease;
+                waiter.ttl = ttl;
+                waiter.attempt = queueing.attempt;
             }
             None => queue.push_back(Waiter {
                 token: token.as_str().to_owned(),
                 expires_at,
                 lease: queueing.lease,
+                ttl,
+                attempt: queueing.attempt,
                 owner: Arc::clone(owner),
                 metadata: metadata.to_owned(),
                 queued_at: Instant::now(),
@@ -250,7 +264,7 @@ impl Store for MemoryBackend {
             }
             let (fence, remaining) = (held.fence, held.expires_at.saturating_duration_since(Instant::now()));
             if let Some(queueing) = queueing {
-                state.enqueue(keys, token, queueing, &self.owner, metadata);
+                state.enqueue(keys, token, ttl, queueing, (&self.owner, metadata));
             }
             return Ok(Attempt::Busy { fence, remaining: Some(remaining) });
         }
@@ -442,7 +456,7 @@ mod tests {
         assert_eq!(info.held_for, Duration::from_secs(3), "since the grant, not the renewal");
         assert_eq!(info.remaining_ttl, ttl);
 
-        let queueing = Some(Queueing { register: ttl, lease: ttl });
+        let queueing = Some(Queueing { register: ttl, lease: ttl, attempt: 1 });
         assert!(matches!(beta.acquire(&keys, &b, ttl, "second", queueing).await.unwrap(), Attempt::Busy { .. }));
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(alpha.release(&keys, &a, None).await.unwrap(), ReleaseOutcome::Released);
@@ -472,7 +486,7 @@ mod tests {
         let short = Duration::from_secs(1);
         assert!(matches!(store.acquire(&b, &holder, short, "", None).await.unwrap(), Attempt::Granted(_)));
         assert!(store.acquire_free(&[(&a, &mine), (&b, &mine_b)], ttl, "").await.unwrap().is_none(), "b held");
-        let queueing = Some(Queueing { register: ttl, lease: ttl });
+        let queueing = Some(Queueing { register: ttl, lease: ttl, attempt: 1 });
         assert!(matches!(store.acquire(&b, &waiter, ttl, "", queueing).await.unwrap(), Attempt::Busy { .. }));
         tokio::time::advance(short * 2).await;
         assert!(store.acquire_free(&[(&a, &mine), (&b, &mine_b)], ttl, "").await.unwrap().is_none(), "b queued");

@@ -105,6 +105,10 @@ pub(crate) struct Queueing {
     /// The lease a hand-over grants, until the new holder's first renewal: short, so a waiter that died
     /// just before its turn holds the lock only briefly.
     pub(crate) lease: Duration,
+    /// This attempt's number within its request: a hand-over that uses this registration announces it, and
+    /// the waiter dates the hand-over from this attempt's send only when it is its latest (fencing tokens
+    /// cannot prove that: they go back with the server's clock).
+    pub(crate) attempt: u64,
 }
 
 /// What a waiter hears about the lock it waits for.
@@ -115,14 +119,22 @@ pub(crate) enum Announcement {
     Nothing,
     /// Announcements may have been missed (a reconnect): try again now.
     Retry,
-    /// The lock was handed to the waiter whose token starts this `<token>:<fence>:<lease ms>` text.
+    /// The lock was handed to the waiter whose token starts this `<token>:<fence>:<lease ms>:<attempt>` text.
     HandedOver(Arc<str>),
+}
+
+/// A hand-over to this waiter, as announced: the grant, and the number of the waiter's attempt whose
+/// registration it used ([`Queueing::attempt`]), so it happened after that attempt reached the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HandOver {
+    pub(crate) hold: Hold,
+    pub(crate) attempt: u64,
 }
 
 impl Announcement {
     /// A hand-over to `token`, if this announces one: the grant's fencing token and the lease it was given
-    /// (counted from the hand-over, a moment the announcement does not tell).
-    pub(crate) fn handed_to(&self, token: &LockToken) -> Option<Hold> {
+    /// (counted from the hand-over, a moment the announcement does not tell), and the attempt it answers.
+    pub(crate) fn handed_to(&self, token: &LockToken) -> Option<HandOver> {
         let Self::HandedOver(text) = self else { return None };
         let mut fields = text.split(':');
         if fields.next()? != token.as_str() {
@@ -130,12 +142,13 @@ impl Announcement {
         }
         let fence = fields.next()?.parse().ok()?;
         let lease = Duration::from_millis(fields.next()?.parse().ok()?);
-        Some(Hold { fence, lease })
+        let attempt = fields.next()?.parse().ok()?;
+        Some(HandOver { hold: Hold { fence, lease }, attempt })
     }
 
-    /// The announcement of a hand-over to `heir`.
-    pub(crate) fn hand_over(heir: &str, hold: Hold) -> Self {
-        Self::HandedOver(format!("{heir}:{}:{}", hold.fence, hold.lease.as_millis()).into())
+    /// The announcement of a hand-over to `heir`, which used the registration of its attempt `attempt`.
+    pub(crate) fn hand_over(heir: &str, hold: Hold, attempt: u64) -> Self {
+        Self::HandedOver(format!("{heir}:{}:{}:{attempt}", hold.fence, hold.lease.as_millis()).into())
     }
 }
 

@@ -46,7 +46,7 @@ const MAX_OPS: usize = 64;
 #[derive(Debug, Clone)]
 pub(super) enum Op<'a> {
     /// ARGV of [`ACQUIRE`]: token, ttl ms, holder (owner and metadata), register ms (0: do not queue),
-    /// hand-over lease ms.
+    /// hand-over lease ms, the attempt's number.
     Acquire {
         record: Cow<'a, str>,
         token: LockToken,
@@ -56,6 +56,7 @@ pub(super) enum Op<'a> {
         metadata: Cow<'a, str>,
         register_ms: u64,
         lease_ms: u64,
+        attempt: u64,
         /// For a store without queue or fencing tokens (Redlock's servers): [`ACQUIRE_PLAIN`], which takes
         /// the first three arguments only (`register_ms` is then 0).
         plain: bool,
@@ -67,16 +68,19 @@ pub(super) enum Op<'a> {
 impl Op<'_> {
     fn into_owned(self) -> Op<'static> {
         match self {
-            Op::Acquire { record, token, ttl_ms, owner, metadata, register_ms, lease_ms, plain } => Op::Acquire {
-                record: Cow::Owned(record.into_owned()),
-                token,
-                ttl_ms,
-                owner,
-                metadata: Cow::Owned(metadata.into_owned()),
-                register_ms,
-                lease_ms,
-                plain,
-            },
+            Op::Acquire { record, token, ttl_ms, owner, metadata, register_ms, lease_ms, attempt, plain } => {
+                Op::Acquire {
+                    record: Cow::Owned(record.into_owned()),
+                    token,
+                    ttl_ms,
+                    owner,
+                    metadata: Cow::Owned(metadata.into_owned()),
+                    register_ms,
+                    lease_ms,
+                    attempt,
+                    plain,
+                }
+            }
             Op::Release { record, token, keep_ms } => {
                 Op::Release { record: Cow::Owned(record.into_owned()), token, keep_ms }
             }
@@ -124,11 +128,11 @@ impl Op<'_> {
     /// The arguments the scripts need, trailing zeroes left out (the scripts default them).
     fn write_args(&self, cmd: &mut Cmd) {
         match self {
-            Op::Acquire { token, ttl_ms, owner, metadata, register_ms, lease_ms, plain, .. } => {
+            Op::Acquire { token, ttl_ms, owner, metadata, register_ms, lease_ms, attempt, plain, .. } => {
                 cmd.arg(token.as_str()).arg(ttl_ms);
                 write_holder(&mut cmd.writer_for_next_arg(), owner, metadata);
                 if *register_ms > 0 && !plain {
-                    cmd.arg(register_ms).arg(lease_ms);
+                    cmd.arg(register_ms).arg(lease_ms).arg(attempt);
                 }
             }
             Op::Release { token, keep_ms, .. } => {

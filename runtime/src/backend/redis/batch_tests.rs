@@ -68,6 +68,7 @@ fn acquire(record: &str) -> Op<'static> {
         metadata: Cow::Borrowed(""),
         register_ms: 0,
         lease_ms: 0,
+        attempt: 0,
         plain: false,
     }
 }
@@ -336,8 +337,8 @@ fn an_acquire_repeating_the_last_one_s_ttl_and_holder_sends_its_token_alone() {
     if let Op::Acquire { ttl_ms, .. } = &mut a3 {
         *ttl_ms = 2000;
     }
-    if let Op::Acquire { register_ms, lease_ms, .. } = &mut queueing {
-        (*register_ms, *lease_ms) = (300, 300);
+    if let Op::Acquire { register_ms, lease_ms, attempt, .. } = &mut queueing {
+        (*register_ms, *lease_ms, *attempt) = (300, 300, 7);
     }
     let ops = [acquire("a1"), acquire("a2"), a3, queueing, acquire("a4"), release("r"), acquire("a5")];
     let token = |i: usize| match &ops[i] {
@@ -358,6 +359,7 @@ fn an_acquire_repeating_the_last_one_s_ttl_and_holder_sends_its_token_alone() {
         holder.clone(),
         b"300".to_vec(),
         b"300".to_vec(),
+        b"7".to_vec(),
         token(4),
         b"1000".to_vec(),
         holder.clone(),

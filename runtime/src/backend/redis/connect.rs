@@ -201,7 +201,7 @@ impl RedisBackend {
         let keys = LockKeys::new(prefix, format!("{PROBE_NAME_PREFIX}{}", LockToken::random().as_str()));
         let (holder, waiter) = (LockToken::random(), LockToken::random());
         let lease = Duration::from_secs(5);
-        let queueing = Queueing { register: lease, lease };
+        let queueing = Queueing { register: lease, lease, attempt: 1 };
         let _listening = self.watch_releases(&keys, &waiter).await?;
         if let Attempt::Granted(_) = self.acquire(&keys, &holder, lease, "startup probe", None).await? {
             self.acquire(&keys, &waiter, lease, "startup probe", Some(queueing)).await?;
@@ -210,10 +210,11 @@ impl RedisBackend {
                 self.release(&keys, &waiter, None).await?;
             }
         }
-        // The probe's freed record, which keeps its last fencing token for the rest of its lease, is the one key
-        // it leaves behind; don't.
+        // The probe's freed record and its hand-over's R:last, which keep its last fencing token for a lease,
+        // are the keys it leaves behind; don't.
         let mut conn = self.commands.clone();
-        let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(&keys.record).query_async(&mut conn).await;
+        let last = format!("{}:last", keys.record);
+        let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(&keys.record).arg(&last).query_async(&mut conn).await;
         Ok(())
     }
 }

@@ -272,7 +272,8 @@ impl Store for RedisBackend {
         metadata: &str,
         queueing: Option<Queueing>,
     ) -> Result<Attempt, LockError> {
-        let (register, lease) = queueing.map_or((0, 0), |q| (millis(q.register), millis(q.lease)));
+        let (register, lease, attempt) =
+            queueing.map_or((0, 0, 0), |q| (millis(q.register), millis(q.lease), q.attempt));
         let op = Op::Acquire {
             record: Cow::Borrowed(&keys.record),
             token: token.clone(),
@@ -281,6 +282,7 @@ impl Store for RedisBackend {
             metadata: Cow::Borrowed(metadata),
             register_ms: register,
             lease_ms: lease,
+            attempt,
             plain: self.plain,
         };
         let reply = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;

@@ -64,9 +64,14 @@ pub(super) mod record {
     /// The fencing token's first digit.
     #[cfg_attr(not(test), expect(dead_code, reason = "only the scripts read records; Rust checks the offset"))]
     pub(in super::super) const FENCE_AT: usize = TOKEN_LEN + 2;
-    /// What a freed record holds in place of a holder's token: a released lock's record, FREED written over
-    /// its token, keeps its last fencing token for the rest of its lease, for the next grant (fence.lua).
-    pub(in super::super) const FREED: &str = "================================";
+    /// Where the token's first half ends: FREED and NOBODY cover that half, the second half stays (a release
+    /// sent again recognises its own work by it; half a token grants nothing).
+    #[cfg_attr(not(test), expect(dead_code, reason = "only the scripts read records; Rust checks the offset"))]
+    pub(in super::super) const TOKEN_HALF: usize = TOKEN_LEN / 2;
+    /// What a freed record holds in place of the first half of a holder's token: a released lock's record,
+    /// FREED written over it, keeps its last fencing token for the rest of its lease, for the next grant
+    /// (fence.lua).
+    pub(in super::super) const FREED: &str = "================";
     /// The mark of a record a waiter may be queued behind.
     #[cfg_attr(not(test), expect(dead_code, reason = "only the scripts read records; Rust checks the mark"))]
     pub(in super::super) const QUEUED_MARK: u8 = b'+';
@@ -355,7 +360,8 @@ mod tests {
             ("MARK_AT", MARK_AT.to_string()),
             ("FENCE_AT", FENCE_AT.to_string()),
             ("QUEUED_MARK", QUEUED_MARK.to_string()),
-            ("NOBODY", format!("'{}'", "-".repeat(TOKEN_END))),
+            ("TOKEN_HALF", TOKEN_HALF.to_string()),
+            ("NOBODY", format!("'{}'", "-".repeat(TOKEN_HALF))),
             ("FREED", format!("'{FREED}'")),
             ("BUSY", BUSY.to_string()),
             ("GRANTED", GRANTED.to_string()),
@@ -374,7 +380,7 @@ mod tests {
     /// constants, one `local NAME = value` each.
     #[test]
     fn record_lua_names_the_values_rust_derives() {
-        assert_eq!(record::FREED.len(), record::TOKEN_END);
+        assert_eq!(record::FREED.len(), record::TOKEN_HALF);
         assert!(!record::FREED.bytes().any(|b| b.is_ascii_hexdigit()), "a hex token could equal FREED");
         let lua: Vec<(String, String)> = include_str!("lua/record.lua")
             .lines()
@@ -396,7 +402,7 @@ mod tests {
     #[test]
     fn offsets_appear_only_in_record_lua() {
         let token = record::TOKEN_END;
-        let numbers = [token, token + 1, token + 2].map(|n| n.to_string());
+        let numbers = [token, token + 1, token + 2, record::TOKEN_HALF].map(|n| n.to_string());
         // record.lua itself, wherever a script includes it (BATCH's slow paths have a copy of their own).
         let record = compose(include_str!("lua/record.lua"));
         for (_, script) in all() {
@@ -436,7 +442,7 @@ mod tests {
     #[test]
     fn fast_paths_come_before_the_functions() {
         let fast_paths = [
-            (&*ACQUIRE, "free = redis.call('exists', R .. ':queue') == 0", "local function "),
+            (&*ACQUIRE, "free = redis.call('exists', R .. ':queue', R .. ':last') == 0", "local function "),
             (&*ACQUIRE, "  return tonumber(fence)\nend", "local function "),
             (&*RELEASE, "    and string.byte(v, MARK_AT) ~= QUEUED_MARK then\n", "local function "),
         ];
@@ -453,9 +459,9 @@ mod tests {
         }
     }
 
-    /// No script writes a key without an expiry, or a key of its own for the fencing token: a freed record
-    /// keeps the record's expiry (SETRANGE over the record just read, which exists), and every other write sets
-    /// one.
+    /// No script writes a key without an expiry, or a counter for the fencing token: a freed record keeps the
+    /// record's expiry (SETRANGE over the record just read, which exists; FORCE_UNLOCK's second half only after
+    /// EXISTS), and every other write sets one (R:last too).
     #[test]
     fn every_write_keeps_or_sets_an_expiry() {
         for (name, script) in all() {
@@ -463,7 +469,12 @@ mod tests {
             assert!(!source.contains("'incr'") && !source.contains(":fence"), "{name}:\n{source}");
             for (at, _) in source.match_indices("redis.call('setrange', ") {
                 let line = source[at..].lines().next().unwrap_or_default();
-                assert_eq!(line, "redis.call('setrange', R, '0', FREED)", "{name} writes a range of another key");
+                let freed_second_half = name == "force_unlock"
+                    && source.contains("if redis.call('exists', R) == 1 then redis.call('setrange', R, tostring(TOKEN_HALF), FREED) end");
+                assert!(
+                    line == "redis.call('setrange', R, '0', FREED)" || freed_second_half,
+                    "{name} writes a range of another key: {line}"
+                );
             }
             for (at, _) in source.match_indices("redis.call('set', ") {
                 let line = source[at..].lines().next().unwrap_or_default();

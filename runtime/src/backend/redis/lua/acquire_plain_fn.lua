@@ -17,7 +17,7 @@ local function acquire_plain(R, token, ttl, holder)
     return GRANTED, 0, ttl
   end
   -- Freed by a store with tokens on the same server (record.lua): free here too.
-  if string.sub(v, 1, TOKEN_END) == FREED then
+  if string.sub(v, 1, TOKEN_HALF) == FREED then
     redis.call('set', R, token .. ':0:' .. clock .. ':' .. holder, 'px', ttl)
     return GRANTED, 0, ttl
   end

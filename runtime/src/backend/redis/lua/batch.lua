@@ -5,7 +5,7 @@
 --   a  acquire: token, ttl ms, holder
 --   b  acquire with the ttl and holder of the last 'a' before it in this call: token
 --   p  acquire on a store without queue or fencing (ACQUIRE_PLAIN): token, ttl ms, holder
---   q  acquire and queue: token, ttl ms, holder, register ms, hand-over lease ms
+--   q  acquire and queue: token, ttl ms, holder, register ms, hand-over lease ms, attempt
 --   r  release: token
 --   k  release but keep: token, keep ms
 -- Reply: one value per operation: a grant's fencing token as decimal text (its lease is the ttl asked for;

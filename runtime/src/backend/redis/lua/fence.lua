@@ -1,13 +1,15 @@
 -- next_fence(last) → the lock's next fencing token as decimal text, and the server's clock in µs as decimal
 -- text (the grant's time, which the record keeps; the token's own text unless the last token was ahead of the
 -- clock). `last` is the lock's last token as its record still holds it (held, kept by min_hold, or FREED:
--- record.lua), or nil when the record is gone. The token is max(last + 1, the server's clock in µs). The clock
--- keeps tokens rising when the record is gone: it goes only when its lease ran out (a lease, renewals
--- included, ends at least ttl after its grant, so the clock has passed the grant's token by then, unless it
--- stepped back by more than that), or with a restart without persistence, FLUSHALL or a failover to a replica
--- that missed it. The record's token keeps them strictly rising within one microsecond and across a clock
--- step back while it lives. No other key is written: a second key with its own expiry cost Redis more than
--- the rest of the grant.
+-- record.lua), or as R:last keeps it once the record is gone, or nil. The token is max(last + 1, the server's
+-- clock in µs). The clock keeps tokens rising when neither is left: the last token is kept at least the ttl
+-- of the lock's last grant (a lease, renewals included, ends at least ttl after its grant, and the paths that
+-- end a record sooner, a hand-over's short lease and min_hold's NOBODY, keep the token in R:last for that
+-- long), so the clock has passed the grant's token by then unless it stepped back by more than that ttl; or
+-- a restart without persistence, FLUSHALL or a failover to a replica that missed it. The record's token keeps
+-- them strictly rising within one microsecond and across a clock step back while it lives. An extend to a
+-- shorter ttl shortens the record, and with it how long the token is kept. The common grant writes no other
+-- key: a second key with its own expiry cost Redis more than the rest of the grant.
 --
 -- One script reads the clock once (TIME costs Redis as much as a write): its grants all happen at the moment it
 -- runs, and several grants of one lock in one call still rise by the record's +1.

@@ -10,8 +10,10 @@ local R = KEYS[1]
 local v = redis.pcall('get', R)
 local n = 0
 if type(v) == 'string' then
-  if string.sub(v, 1, TOKEN_END) ~= FREED then n = 1 end
+  if string.sub(v, 1, TOKEN_HALF) ~= FREED then n = 1 end
   free(R, v)
+  -- FREED over the second half too: the holder's own release, sent later, must not read as done by it.
+  if redis.call('exists', R) == 1 then redis.call('setrange', R, tostring(TOKEN_HALF), FREED) end
 elseif v then
   n = redis.call('del', R)
 end

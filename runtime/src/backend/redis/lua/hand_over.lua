@@ -1,20 +1,32 @@
--- hand_over(R, last) → the heir's token, or nil when nobody waits. Gives the free lock R to the longest-waiting
--- waiter still refreshing its place, for the hand-over lease it registered, as a new grant (its time now,
--- the holder field the heir registered: its owner and metadata), and announces
--- `<heir>:<fence>:<lease ms>` on `<R>:released` (by SPUBLISH on a Redis Cluster: scripts.rs). `last` is the
--- lock's last token, nil when its record is gone (see next_fence). Needs next_fence.
-local function hand_over(R, last)
+-- released_by(R, half) → whether the release that handed the lock R over (the latest R:last, record.lua) was
+-- that of the token whose second half is `half`.
+local function released_by(R, half)
+  local kept = redis.call('get', R .. ':last')
+  return kept and string.match(kept, ':(%x*)$') == half
+end
+-- hand_over(R, last, half) → the heir's token, or nil when nobody waits. Gives the free lock R to the
+-- longest-waiting waiter still refreshing its place, for the hand-over lease it registered, as a new grant
+-- (its time now, the holder field the heir registered: its owner and metadata), and announces
+-- `<heir>:<fence>:<lease ms>:<attempt>` on `<R>:released` (by SPUBLISH on a Redis Cluster: scripts.rs), where
+-- <attempt> is the number of the heir's attempt whose registration the hand-over used: the heir trusts the
+-- announcement only as newer than that attempt's send. `last` is the lock's last token, nil when its record
+-- is gone (see next_fence); `half` the second half of the releasing token ('' for none). The heir's token is
+-- also kept in R:last for the heir's ttl: the record lasts only the hand-over lease if it goes unclaimed.
+-- Needs next_fence.
+local function hand_over(R, last, half)
   local Q = R .. ':queue'
   while true do
     local heir = redis.call('zpopmin', Q)[1]
     if not heir then return nil end
     -- A waiter that stopped refreshing its place has no details left: Redis expired them.
     local w = redis.call('getdel', R .. ':waiter:' .. heir)
-    if w then
-      local lease, holder = string.match(w, '^(%d+):(.*)$')
+    local lease, ttl, attempt, holder
+    if w then lease, ttl, attempt, holder = string.match(w, '^(%d+):(%d+):(%d+):(.*)$') end
+    if holder then
       local fence, now = next_fence(last)
       redis.call('set', R, heir .. '+' .. fence .. ':' .. now .. ':' .. holder, 'px', lease)
-      redis.call('publish', R .. ':released', heir .. ':' .. fence .. ':' .. lease)
+      redis.call('set', R .. ':last', fence .. ':' .. (half or ''), 'px', ttl)
+      redis.call('publish', R .. ':released', heir .. ':' .. fence .. ':' .. lease .. ':' .. attempt)
       return heir
     end
   end

@@ -5,7 +5,7 @@
 --   holds the lock; an error for a value that is not a lock record.
 -- #include record
 local v = redis.call('get', KEYS[1])
-if not v or string.sub(v, 1, TOKEN_END) == FREED then return nil end
+if not v or string.sub(v, 1, TOKEN_HALF) == FREED then return nil end
 local fence, granted, holder = string.match(v, '^(%d+):(%d+):(.*)$', FENCE_AT)
 if not holder then return redis.error_reply('the value at ' .. KEYS[1] .. ' is not a distlock lock record') end
 local t = redis.call('time')

@@ -1,12 +1,12 @@
 -- fence_of(record value) → the holder's fencing token (decimal text).
--- enqueue(R, v, token, register ms, hand-over lease ms, holder): a busy attempt's place in the queue
--- `<R>:queue` (a sorted set of waiter tokens by arrival time), taken or refreshed, with its details in
--- `<R>:waiter:<token>` (`<hand-over lease ms>:<holder>`, expiring unless refreshed within `register`), and
--- the record `v` marked so that its release looks at the queue.
+-- enqueue(R, v, token, register ms, hand-over lease ms, ttl ms, attempt, holder): a busy attempt's place in
+-- the queue `<R>:queue` (a sorted set of waiter tokens by arrival time), taken or refreshed, with its details
+-- in `<R>:waiter:<token>` (`<hand-over lease ms>:<ttl ms>:<attempt>:<holder>`, expiring unless refreshed
+-- within `register`), and the record `v` marked so that its release looks at the queue.
 local function fence_of(v)
   return string.match(v, '^(%d+)', FENCE_AT)
 end
-local function enqueue(R, v, token, register, lease, holder)
+local function enqueue(R, v, token, register, lease, ttl, attempt, holder)
   local Q = R .. ':queue'
   if string.byte(v, MARK_AT) ~= QUEUED_MARK then
     redis.call('set', R, string.sub(v, 1, TOKEN_END) .. '+' .. string.sub(v, FENCE_AT), 'keepttl')
@@ -15,6 +15,6 @@ local function enqueue(R, v, token, register, lease, holder)
     local t = redis.call('time')
     redis.call('zadd', Q, t[1] * 1000000 + t[2], token)
   end
-  redis.call('set', R .. ':waiter:' .. token, lease .. ':' .. holder, 'px', register)
+  redis.call('set', R .. ':waiter:' .. token, lease .. ':' .. ttl .. ':' .. attempt .. ':' .. holder, 'px', register)
   if redis.call('pttl', Q) < register then redis.call('pexpire', Q, register) end
 end

@@ -7,16 +7,24 @@
 -- have), <fence> the grant's fencing token in decimal, <granted> the server's clock in µs at the grant (a
 -- hand-over is a new grant; renewals leave it), and <holder> the text the client sent with its attempt,
 -- `<owner's length in bytes>:<owner><metadata>`, which the scripts never look into. While `min_hold` keeps a
--- released lock, <token> is NOBODY, which no hex token can equal. A lock given back with nobody to hand it to
--- has FREED written over its <token> (free.lua) and stays so for the rest of its lease (Redis keeps the
--- record's expiry): free, but its last fencing token stays known to the next grant (fence.lua); its other
--- fields mean nothing any more. FREED, too, no hex token can equal.
+-- released lock, the first half of <token> is NOBODY, which no hex digits can equal. A lock given back with
+-- nobody to hand it to has FREED written over the first half of its <token> (free.lua) and stays so for the
+-- rest of its lease (Redis keeps the record's expiry): free, but its last fencing token stays known to the
+-- next grant (fence.lua); its other fields mean nothing any more. The token's second half stays in both: it
+-- tells a release sent again after its reply was lost that the release was its own (release_fn.lua), and
+-- half a token grants nothing. FORCE_UNLOCK writes FREED over both halves: nobody released it.
+--
+-- `R:last`, written only where a record ends or shortens sooner than the lease of the lock's last grant
+-- (a hand-over, whose record lasts the short hand-over lease; min_hold's NOBODY), is
+-- `<fence>:<second half of the releasing token, or nothing>`: the last fencing token, kept for that lease
+-- (the heir's ttl; the released record's PTTL), and who released. Read only when the record is gone.
 local TOKEN_END = 32
+local TOKEN_HALF = 16
 local MARK_AT = 33
 local FENCE_AT = 34
 local QUEUED_MARK = 43
-local NOBODY = '--------------------------------'
-local FREED = '================================'
+local NOBODY = '----------------'
+local FREED = '================'
 -- First values of the acquire and release replies.
 local BUSY = 0
 local GRANTED = 1

@@ -1,6 +1,7 @@
 -- RELEASE: gives a lock back.
 -- KEYS[1]: the record R, left FREED (record.lua) when nobody takes it over. A hand-over also touches R:queue
---   and R:waiter:<heir> (same hash slot) and publishes on R:released.
+--   and R:waiter:<heir> (same hash slot) and publishes on R:released; a hand-over, min_hold and a release
+--   sent again read or write R:last.
 -- ARGV: token[, keep ms] ('0' when left out: free it now).
 -- Reply: RELEASED, EXPIRED or TAKEN_BY_OTHER, as `release` returns them.
 -- #include record

@@ -1,20 +1,38 @@
 -- release(R, token, keep ms ('0': free it now), the record's value) → RELEASED, EXPIRED (nobody owns it) or
 -- TAKEN_BY_OTHER. Freeing hands the lock to the next live waiter, if the record's mark says one may be
--- queued, or leaves it FREED; keeping leaves it held by NOBODY for `keep` ms. Needs hand_over and free.
+-- queued, or leaves it FREED; keeping leaves it held by NOBODY for `keep` ms, and its last token in R:last
+-- for the rest of the lease. A release sent again after its reply was lost finds its own work done (the
+-- token's second half after FREED or NOBODY, or in R:last after a hand-over: record.lua) and answers
+-- RELEASED again. Needs hand_over, free and released_by.
 local function release(R, token, keep, v)
-  if not v then return EXPIRED end
+  local half = string.sub(token, TOKEN_HALF + 1)
+  if not v then
+    if released_by(R, half) then return RELEASED end
+    return EXPIRED
+  end
   local owner = string.sub(v, 1, TOKEN_END)
   if owner ~= token then
-    if owner == NOBODY or owner == FREED then return EXPIRED end
+    local first = string.sub(owner, 1, TOKEN_HALF)
+    if first == NOBODY or first == FREED then
+      if string.sub(owner, TOKEN_HALF + 1) == half then return RELEASED end
+      return EXPIRED
+    end
+    if released_by(R, half) then return RELEASED end
     return TAKEN_BY_OTHER
   end
+  local last = string.match(v, '^%d+', FENCE_AT)
   if keep == '0' then
     -- A hand-over overwrites the record; without an heir it is freed.
-    if string.byte(v, MARK_AT) ~= QUEUED_MARK or not hand_over(R, string.match(v, '^%d+', FENCE_AT)) then
+    if string.byte(v, MARK_AT) ~= QUEUED_MARK or not hand_over(R, last, half) then
       free(R, v)
     end
   else
-    redis.call('set', R, NOBODY .. string.sub(v, MARK_AT), 'px', keep)
+    -- NOBODY holds it for `keep`; the last token outlives that for the rest of the lease.
+    local pttl = redis.call('pttl', R)
+    redis.call('set', R, NOBODY .. string.sub(v, TOKEN_HALF + 1), 'px', keep)
+    if last and pttl > tonumber(keep) then
+      redis.call('set', R .. ':last', last .. ':' .. half, 'px', pttl)
+    end
   end
   return RELEASED
 end

@@ -12,7 +12,7 @@ local out = {}
 for i = 1, #places, 2 do
   local W = KEYS[1] .. ':waiter:' .. places[i]
   local details = redis.call('get', W)
-  local holder = details and string.match(details, '^%d+:(.*)$') or ''
+  local holder = details and string.match(details, '^%d+:%d+:%d+:(.*)$') or ''
   out[#out + 1] = {holder, now - tonumber(places[i + 1]), redis.call('pttl', W)}
 end
 return out
