@@ -1,12 +1,14 @@
-//! Test support for distlock: a real `redis-server` per test ([`RedisServer`]), a [`Fixture`] that runs one
-//! behaviour suite against both backends, and the fault-injection harness: a TCP [`proxy`], process signals
-//! ([`sys`]), a lock holder in another process ([`agent`]), event logs and an overlap checker ([`events`]), a
-//! fenced store and a lost-update counter ([`store`]), `MONITOR` recording ([`monitor`]), captured `tracing`
-//! output ([`logs`]), a client runtime to freeze ([`stall`]), the [`checker`] users can run against their own
-//! Redis, and the randomized fault [`soak`]'s event log and history checker.
+//! Test support for distlock: a real `redis-server` per test ([`RedisServer`], also one whose wall clock the
+//! test steps: [`RedisServer::with_stepped_clock`]), a [`Fixture`] that runs one behaviour suite against both
+//! backends, and the fault-injection harness: a TCP [`proxy`], process signals ([`sys`]), a lock holder in
+//! another process ([`agent`]), event logs and an overlap checker ([`events`]), a fenced store and a lost-update
+//! counter ([`store`]), `MONITOR` recording ([`monitor`]), captured `tracing` output ([`logs`]), a client
+//! runtime to freeze ([`stall`]), the [`checker`] users can run against their own Redis, and the randomized
+//! fault [`soak`]'s event log and history checker.
 
 pub mod agent;
 pub mod checker;
+mod clock;
 pub mod cluster;
 pub mod events;
 mod fixture;
@@ -117,6 +119,7 @@ macro_rules! backend_tests {
         }
     };
 }
+pub use clock::NO_C_COMPILER;
 pub use server::{free_port, RedisServer, INSTALL_HINT};
 
 /// Serializes the timing-sensitive tests of one test binary: hold the guard for the whole test. Tests of

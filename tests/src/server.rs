@@ -1,5 +1,6 @@
 //! [`RedisServer`]: a private `redis-server` process for one test.
 
+use std::ffi::OsString;
 use std::fmt;
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -38,6 +39,9 @@ pub struct RedisServer {
     config: Option<String>,
     /// The `--requirepass` password, if any: the harness's own checks authenticate with it.
     password: Option<String>,
+    /// Environment variables the process starts with (kept across restarts): the stepped clock's `LD_PRELOAD`
+    /// and offset file (clock.rs).
+    pub(crate) env: Vec<(&'static str, OsString)>,
     port: u16,
     child: Option<Child>,
     // Declared last: removed after the process is gone.
@@ -72,8 +76,7 @@ impl RedisServer {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let binary =
-            std::env::var_os("REDIS_SERVER_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("redis-server"));
+        let binary = default_binary();
         Self::start(binary, args.into_iter().map(Into::into).collect())
     }
 
@@ -97,8 +100,7 @@ impl RedisServer {
     /// Starts a Sentinel monitoring the primary on `primary_port` as `service` (quorum `quorum`), tuned for
     /// tests: the primary counts as down after 1 s without answers.
     pub fn sentinel(primary_port: u16, service: &str, quorum: u32) -> Self {
-        let binary =
-            std::env::var_os("REDIS_SERVER_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("redis-server"));
+        let binary = default_binary();
         let config = format!(
             "sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}\n\
              sentinel down-after-milliseconds {service} 1000\n\
@@ -111,8 +113,7 @@ impl RedisServer {
     /// Starts a server that requires `password` (`--requirepass`). [`url`](Self::url) has no password in
     /// it; [`connection`](Self::connection) authenticates.
     pub fn with_password(password: &str) -> Self {
-        let binary =
-            std::env::var_os("REDIS_SERVER_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("redis-server"));
+        let binary = default_binary();
         Self::start_with(binary, vec!["--requirepass".into(), password.into()], None)
     }
 
@@ -121,13 +122,24 @@ impl RedisServer {
     }
 
     fn start_with(binary: PathBuf, extra_args: Vec<String>, config: Option<String>) -> Self {
+        Self::start_in(binary, extra_args, config, |_| Ok(Vec::new()))
+    }
+
+    /// Starts a server whose process gets the environment `env` returns for its (fresh) private directory.
+    pub(crate) fn start_in(
+        binary: PathBuf,
+        extra_args: Vec<String>,
+        config: Option<String>,
+        env: impl FnOnce(&Path) -> io::Result<Vec<(&'static str, OsString)>>,
+    ) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("distlock-redis-")
             .tempdir()
             .unwrap_or_else(|e| panic!("cannot create a temporary directory for redis-server: {e}"));
         let password =
             extra_args.iter().position(|a| a == "--requirepass").and_then(|i| extra_args.get(i + 1)).cloned();
-        let mut server = RedisServer { binary, extra_args, config, password, port: 0, child: None, dir };
+        let env = env(dir.path()).unwrap_or_else(|e| panic!("cannot prepare redis-server's environment: {e}"));
+        let mut server = RedisServer { binary, extra_args, config, password, env, port: 0, child: None, dir };
         let mut last = String::new();
         for _ in 0..PORT_ATTEMPTS {
             server.port = free_port();
@@ -281,6 +293,7 @@ impl RedisServer {
             .args(["--daemonize", "no"])
             .args(["--enable-debug-command", "local"])
             .args(&self.extra_args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
@@ -356,6 +369,11 @@ impl Drop for RedisServer {
         }
         self.kill();
     }
+}
+
+/// `$REDIS_SERVER_BIN`, or `redis-server` (looked up on `PATH`).
+pub(crate) fn default_binary() -> PathBuf {
+    std::env::var_os("REDIS_SERVER_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("redis-server"))
 }
 
 /// A loopback port that was free a moment ago (another process may still take it: callers retry).
