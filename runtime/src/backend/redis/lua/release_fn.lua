@@ -13,11 +13,10 @@ local function release(R, token, keep, v)
   local owner = string.sub(v, 1, TOKEN_END)
   if owner ~= token then
     local first = string.sub(owner, 1, TOKEN_HALF)
-    if first == NOBODY or first == FREED then
-      if string.sub(owner, TOKEN_HALF + 1) == half then return RELEASED end
-      return EXPIRED
-    end
-    if released_by(R, half) then return RELEASED end
+    local freed = first == NOBODY or first == FREED
+    -- Freed or kept by this release, or handed over by it (and perhaps freed by the heir since).
+    if (freed and string.sub(owner, TOKEN_HALF + 1) == half) or released_by(R, half) then return RELEASED end
+    if freed then return EXPIRED end
     return TAKEN_BY_OTHER
   end
   local last = string.match(v, '^%d+', FENCE_AT)
