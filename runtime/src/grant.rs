@@ -25,8 +25,10 @@ pub(crate) fn drift(ttl: Duration) -> Duration {
 /// it set, less the drift allowance; where the outcome is unknown, the worse one is assumed:
 /// - a grant or a claimed hand-over: the acquire's send + the lease in its reply (the server's PTTL);
 /// - a hand-over heard as an announcement: the send of the last attempt that found another grant holding the
-///   lock, provided the announced fencing token is above that grant's (so the hand-over happened after that
-///   attempt reached the server) + the announced hand-over lease;
+///   lock, provided the announcement names that attempt (the hand-over used the place in the queue that this
+///   attempt registered, so it happened after the attempt reached the server) + the announced hand-over
+///   lease. Nothing here rests on fencing tokens rising: they go back with the server's clock, or across a
+///   failover to a replica whose clock is behind;
 /// - a renewal or extend: its send + the ttl it set; a reply that comes back after `valid_until` counts for
 ///   nothing (a lock seen lost never comes back);
 /// - an extend whose outcome is unknown (a timeout, `NotReplicated`): the earlier of the old deadline and

@@ -67,12 +67,14 @@
 //! - **S2** release, renew and extend act only with the grant's own 128-bit token, atomically (one script);
 //! - **S3** grant, fencing token and lease are set by one script; all of a lock's keys share one hash slot;
 //! - **S4** fencing tokens rise strictly per key, also across a restart without persistence, a FLUSHALL or a
-//!   failover (`max(last + 1, the server's clock in µs)`; below 2^53), while the server's clock does not step back;
+//!   failover (`max(last + 1, the server's clock in µs)`; below 2^53; the last token is kept at least the ttl of
+//!   the key's last grant), while the server's clock does not step back by more than that ttl;
 //! - **S5** the body never runs without a grant: not configured, busy, lost and backend errors are errors;
 //! - **S6** a guard's deadline never lies past the server's expiry of its grant: a lease counts from the
 //!   monotonic instant taken before sending the request the server answered, for the lease its reply reports,
-//!   minus drift (lease·1% + 2 ms); an announced hand-over only when provably newer than the waiter's last
-//!   busy attempt; an ambiguous outcome (timeout, dropped reply, `NotReplicated`) counts as the worse one;
+//!   minus drift (lease·1% + 2 ms); an announced hand-over only when it names the waiter's last busy attempt
+//!   (never because its fencing token is higher: tokens go back with the server's clock); an ambiguous outcome
+//!   (timeout, dropped reply, `NotReplicated`) counts as the worse one;
 //! - **S7** a lost lock stops the body (by default) at its deadline, and a body that outlived its deadline
 //!   returns [`LockError::Lost`]; a guard kept after its body ended reads as lost;
 //! - **S8** after release, drop, panic or cancellation no renewal or extend carries the grant's token; a guard
