@@ -21,6 +21,10 @@ pub enum ReleaseOutcome {
     Expired,
     /// Another owner holds the lock now; it was left alone.
     TakenByOther,
+    /// The release's reply was lost, it was sent again, and by then the lock was no longer this guard's with no
+    /// trace left of whether the first send had released it or the lease had run out first (a release that
+    /// finds its own trace, as it nearly always does, reports `Released`). Either way the guard holds nothing.
+    Unconfirmed,
     /// Nothing was sent: the guard was nested, taken inside a lock body that already held the key (a reentrant
     /// request, or [`current_lock`]). The hold belongs to the outer body, which renews it and releases it when
     /// it ends; it is still in place.

@@ -40,10 +40,8 @@ async fn release_with_lost_reply(
 ) -> ReleaseOutcome {
     proxy.set_fault(Fault::DropReplies);
     let release: JoinHandle<_> = tokio::spawn(guard.release());
-    eventually(secs(5), "the release ran on the server", || async {
-        done(record_value(fx, record).await.as_deref())
-    })
-    .await;
+    eventually(secs(5), "the release ran on the server", || async { done(record_value(fx, record).await.as_deref()) })
+        .await;
     eventually(secs(5), "the release's reply was dropped", || async { proxy.stats().dropped_reply_bytes > 0 }).await;
     proxy.set_fault(Fault::Pass);
     within(secs(10), "the release, sent again", release).await.expect("release task").expect("release")
@@ -147,4 +145,55 @@ async fn s31_5_a_resent_release_of_several_keys_reports_released() {
     proxy.set_fault(Fault::Pass);
     let outcome = within(secs(10), "the releases, sent again", release).await.expect("task").expect("release");
     assert_eq!(outcome, ReleaseOutcome::Released, "the resent releases did not recognise their own");
+}
+
+/// A resend that finds neither its grant nor a trace of its first run (here the record and `:last` were
+/// deleted between the two, as when both expire before the reconnect): the outcome cannot be known, and the
+/// release says so instead of claiming `Expired`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s31_5_a_resent_release_without_a_trace_reports_unconfirmed() {
+    let fx = Fixture::redis().await;
+    let (client, proxy) = client_through_proxy(&fx).await;
+    let record = client.record_key("s31-5-gone");
+    let guard = client.lock("s31-5-gone").ttl(secs(10)).acquire().await.expect("acquire");
+    proxy.set_fault(Fault::DropReplies);
+    let release = tokio::spawn(guard.release());
+    eventually(secs(5), "the release ran on the server", || async {
+        freed(record_value(&fx, &record).await.as_deref())
+    })
+    .await;
+    eventually(secs(5), "the release's reply was dropped", || async { proxy.stats().dropped_reply_bytes > 0 }).await;
+    let mut admin = fx.redis_connection().expect("redis");
+    let () = redis::cmd("DEL").arg(&record).arg(format!("{record}:last")).query_async(&mut admin).await.unwrap();
+    proxy.set_fault(Fault::Pass);
+    let outcome = within(secs(10), "the release, sent again", release).await.expect("task").expect("release");
+    assert_eq!(outcome, ReleaseOutcome::Unconfirmed, "a resend without a trace claimed to know");
+}
+
+/// An extend whose reply is lost after it ran is sent again, finds its own token and extends again: `Ok`, and
+/// the guard stays valid with the longer lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s31_5_a_resent_extend_succeeds_and_keeps_the_guard_valid() {
+    let fx = Fixture::redis().await;
+    let (client, proxy) = client_through_proxy(&fx).await;
+    let record = client.record_key("s31-5-extend");
+    let guard = client.lock("s31-5-extend").ttl(secs(10)).acquire().await.expect("acquire");
+    proxy.set_fault(Fault::DropReplies);
+    let extend = tokio::spawn(async move {
+        let extended = guard.extend(secs(30)).await;
+        (extended, guard)
+    });
+    eventually(secs(5), "the extend ran on the server", || async {
+        let mut admin = fx.redis_connection().expect("redis");
+        let pttl: i64 = redis::cmd("PTTL").arg(&record).query_async(&mut admin).await.expect("PTTL");
+        pttl > 20_000
+    })
+    .await;
+    eventually(secs(5), "the extend's reply was dropped", || async { proxy.stats().dropped_reply_bytes > 0 }).await;
+    proxy.set_fault(Fault::Pass);
+    let (extended, guard) = within(secs(10), "the extend, sent again", extend).await.expect("task");
+    extended.expect("the resent extend");
+    assert!(!guard.is_lost(), "the guard reads lost after its extend was sent again");
+    assert!(guard.deadline() > tokio::time::Instant::now() + secs(20), "the longer lease is not counted");
+    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
 }

@@ -35,7 +35,7 @@ use super::scripts::record::write_holder;
 use super::scripts::reply::{FAILED, GRANTED};
 use super::scripts::{LuaScript, ACQUIRE, ACQUIRE_PLAIN, BATCH, BATCH_SPREAD, RELEASE};
 use super::window::Window;
-use super::{failed_in_script, send_script, unexpected_reply};
+use super::{failed_in_script, send_script, unexpected_reply, Sending};
 use crate::LockToken;
 
 /// Operations in one call at most, so one call never holds redis-server for long (about 4 µs each).
@@ -101,12 +101,14 @@ impl Op<'_> {
         }
     }
 
-    /// The operation's letter in a [`BATCH`] call: which arguments follow.
-    fn letter(&self) -> char {
+    /// The operation's letter in a [`BATCH`] call: which arguments follow. A release sent `again` (its first
+    /// send's outcome unknown) is 's'.
+    fn letter(&self, again: bool) -> char {
         match self {
             Op::Acquire { plain: true, .. } => 'p',
             Op::Acquire { register_ms: 0, .. } => 'a',
             Op::Acquire { .. } => 'q',
+            Op::Release { .. } if again => 's',
             Op::Release { keep_ms: 0, .. } => 'r',
             Op::Release { .. } => 'k',
         }
@@ -125,8 +127,9 @@ impl Op<'_> {
         }
     }
 
-    /// The arguments the scripts need, trailing zeroes left out (the scripts default them).
-    fn write_args(&self, cmd: &mut Cmd) {
+    /// The arguments the scripts need, trailing zeroes left out (the scripts default them); a release sent
+    /// `again` says so after its keep.
+    fn write_args(&self, cmd: &mut Cmd, again: bool) {
         match self {
             Op::Acquire { token, ttl_ms, owner, metadata, register_ms, lease_ms, attempt, plain, .. } => {
                 cmd.arg(token.as_str()).arg(ttl_ms);
@@ -137,7 +140,9 @@ impl Op<'_> {
             }
             Op::Release { token, keep_ms, .. } => {
                 cmd.arg(token.as_str());
-                if *keep_ms > 0 {
+                if again {
+                    cmd.arg(keep_ms).arg(1);
+                } else if *keep_ms > 0 {
                     cmd.arg(keep_ms);
                 }
             }
@@ -201,7 +206,7 @@ pub(super) trait Transport: Send + Sync + 'static {
 
 impl Transport for ConnectionManager {
     async fn call(&self, ops: &[Op<'_>]) -> redis::RedisResult<Value> {
-        send_script(&mut self.clone(), |by_source| command(ops, by_source)).await
+        send_script(&mut self.clone(), |sending| command(ops, sending)).await
     }
 }
 
@@ -379,13 +384,13 @@ fn no_reply() -> Reply {
 }
 
 /// The script call for `ops`: the single-operation script for one, [`BATCH`] for several.
-pub(super) fn command(ops: &[Op<'_>], by_source: bool) -> Cmd {
+pub(super) fn command(ops: &[Op<'_>], sending: Sending) -> Cmd {
     let (script, batched) = match ops {
         [op] => (op.script(), false),
         _ => (&*BATCH, true),
     };
     let mut cmd = Cmd::with_capacity(4 + ops.len() * 5, 64 + 96 * ops.len());
-    if by_source {
+    if sending.by_source {
         cmd.arg("EVAL").arg(script.source);
     } else {
         cmd.arg("EVALSHA").arg(&script.sha);
@@ -395,12 +400,12 @@ pub(super) fn command(ops: &[Op<'_>], by_source: bool) -> Cmd {
         cmd.arg(op.record());
     }
     if batched {
-        let letters = batch_letters(ops);
+        let letters = batch_letters(ops, sending.again);
         cmd.arg(&letters);
         write_batch_args(ops, &letters, &mut cmd);
     } else {
         for op in ops {
-            op.write_args(&mut cmd);
+            op.write_args(&mut cmd, sending.again);
         }
     }
     cmd
@@ -408,10 +413,10 @@ pub(super) fn command(ops: &[Op<'_>], by_source: bool) -> Cmd {
 
 /// [`BATCH`]'s operation letters. An acquire that repeats the ttl and holder of the last one sent in full ('a')
 /// goes as 'b', its token alone.
-fn batch_letters(ops: &[Op<'_>]) -> String {
+fn batch_letters(ops: &[Op<'_>], again: bool) -> String {
     let mut last_in_full: Option<&Op<'_>> = None;
     ops.iter()
-        .map(|op| match op.letter() {
+        .map(|op| match op.letter(again) {
             'a' if last_in_full.is_some_and(|earlier| op.repeats(earlier)) => 'b',
             'a' => {
                 last_in_full = Some(op);
@@ -429,22 +434,22 @@ fn write_batch_args(ops: &[Op<'_>], letters: &str, cmd: &mut Cmd) {
             Op::Acquire { token, .. } if letter == b'b' => {
                 cmd.arg(token.as_str());
             }
-            _ => op.write_args(cmd),
+            _ => op.write_args(cmd, letter == b's'),
         }
     }
 }
 
 /// The script call for `ops`, all served by one cluster node whatever their slots: as [`command`] for one,
 /// [`BATCH_SPREAD`] for several (the records in ARGV; the first also as KEYS[1], which routes the call).
-pub(super) fn command_spread(ops: &[Op<'_>], by_source: bool) -> Cmd {
-    let [first, _, ..] = ops else { return command(ops, by_source) };
+pub(super) fn command_spread(ops: &[Op<'_>], sending: Sending) -> Cmd {
+    let [first, _, ..] = ops else { return command(ops, sending) };
     let mut cmd = Cmd::with_capacity(5 + ops.len() * 6, 96 + 128 * ops.len());
-    if by_source {
+    if sending.by_source {
         cmd.arg("EVAL").arg(BATCH_SPREAD.source);
     } else {
         cmd.arg("EVALSHA").arg(&BATCH_SPREAD.sha);
     }
-    let letters = batch_letters(ops);
+    let letters = batch_letters(ops, sending.again);
     cmd.arg(1).arg(first.record()).arg(&letters);
     for op in ops {
         cmd.arg(op.record());

@@ -182,7 +182,7 @@ pub(super) struct NodeLink(Link);
 
 impl Transport for NodeLink {
     async fn call(&self, ops: &[Op<'_>]) -> redis::RedisResult<Value> {
-        send_script(&mut self.0.clone(), |by_source| command_spread(ops, by_source)).await
+        send_script(&mut self.0.clone(), |sending| command_spread(ops, sending)).await
     }
 }
 

@@ -441,7 +441,7 @@ impl ConnectionLike for Link {
 
 impl super::batch::Transport for Link {
     async fn call(&self, ops: &[super::batch::Op<'_>]) -> RedisResult<Value> {
-        super::send_script(&mut self.clone(), |by_source| super::batch::command(ops, by_source)).await
+        super::send_script(&mut self.clone(), |sending| super::batch::command(ops, sending)).await
     }
 }
 

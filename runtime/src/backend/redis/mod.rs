@@ -164,7 +164,7 @@ impl RedisBackend {
         build: impl Fn(&[usize], bool) -> Cmd,
     ) -> (Vec<usize>, Vec<Result<bool, LockError>>) {
         let mut conn = self.commands.clone();
-        let reply: redis::RedisResult<Value> = send_script(&mut conn, |by_source| build(&indices, by_source)).await;
+        let reply: redis::RedisResult<Value> = send_script(&mut conn, |s| build(&indices, s.by_source)).await;
         let mut results = Vec::with_capacity(indices.len());
         renewal_results(reply, indices.len(), &mut results);
         let shortfall = match results.iter().any(|r| matches!(r, Ok(true))) {
@@ -216,9 +216,9 @@ impl RedisBackend {
         build: impl Fn(&mut Cmd),
     ) -> Result<T, LockError> {
         let mut conn = self.commands.clone();
-        send_script(&mut conn, |by_source| {
+        send_script(&mut conn, |sending| {
             let mut cmd = Cmd::with_capacity(12, 256);
-            if by_source {
+            if sending.by_source {
                 cmd.arg("EVAL").arg(script.source);
             } else {
                 cmd.arg("EVALSHA").arg(&script.sha);
@@ -440,30 +440,43 @@ impl Store for RedisBackend {
     }
 }
 
+/// How a script call goes out: by its SHA or its source, and whether it is sent again after an attempt whose
+/// outcome is unknown (it may have run). A release sent again tells its script so, which then answers
+/// UNCONFIRMED rather than a wrong EXPIRED or TAKEN_BY_OTHER when it finds no trace of its own first run.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Sending {
+    pub(super) by_source: bool,
+    pub(super) again: bool,
+}
+
 /// Sends the script call `build` makes (EVALSHA; EVAL with the source when asked `by_source`): once more at
 /// once if the connection had dropped (the manager reconnects on the failed call), and as EVAL if the server
 /// lost its script cache. Every script is keyed by the grants' tokens, so a repeat is safe: a repeated
-/// acquire finds its own grant.
+/// acquire finds its own grant, a repeated release its own release.
 async fn send_script<T: FromRedisValue>(
     conn: &mut (impl ConnectionLike + Send),
-    build: impl Fn(bool) -> Cmd,
+    build: impl Fn(Sending) -> Cmd,
 ) -> redis::RedisResult<T> {
-    let cmd = build(false);
-    let mut reply = cmd.query_async(conn).await;
+    let mut sending = Sending::default();
+    let mut reply = build(sending).query_async(conn).await;
     if reply.as_ref().is_err_and(redis::RedisError::is_connection_dropped) {
-        reply = cmd.query_async(conn).await;
+        sending.again = true;
+        reply = build(sending).query_async(conn).await;
     }
     // A cluster in the middle of a failover answers MOVED, TRYAGAIN or CLUSTERDOWN until its slot map settles,
-    // which can outlast the redis crate's own retries: a few more, a moment apart.
+    // which can outlast the redis crate's own retries: a few more, a moment apart. (A reply that answered
+    // another call, also retried here, leaves unknown whether this one ran.)
     for _ in 0..CLUSTER_SETTLE_RETRIES {
         if !reply.as_ref().is_err_and(is_cluster_in_flux) {
             break;
         }
+        sending.again |= reply.as_ref().is_err_and(link::is_out_of_step);
         tokio::time::sleep(CLUSTER_SETTLE_PAUSE).await;
-        reply = cmd.query_async(conn).await;
+        reply = build(sending).query_async(conn).await;
     }
     if reply.as_ref().is_err_and(is_noscript) {
-        reply = build(true).query_async(conn).await;
+        sending.by_source = true;
+        reply = build(sending).query_async(conn).await;
     }
     reply
 }

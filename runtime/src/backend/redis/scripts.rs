@@ -114,6 +114,8 @@ pub(super) mod reply {
     pub(in super::super) const EXPIRED: i64 = 0;
     /// RELEASE: another grant holds the lock.
     pub(in super::super) const TAKEN_BY_OTHER: i64 = 2;
+    /// RELEASE sent again: the lock is no longer this token's, and no trace says whether the first send freed it.
+    pub(in super::super) const UNCONFIRMED: i64 = 3;
     /// RENEW: the lease now runs for the ttl from now.
     pub(in super::super) const RENEWED: i64 = 1;
     /// RENEW: the token no longer owns the lock.
@@ -143,6 +145,7 @@ pub(super) mod reply {
         match code {
             RELEASED => Ok(ReleaseOutcome::Released),
             TAKEN_BY_OTHER => Ok(ReleaseOutcome::TakenByOther),
+            UNCONFIRMED => Ok(ReleaseOutcome::Unconfirmed),
             EXPIRED => Ok(ReleaseOutcome::Expired),
             _ => Err(unexpected_reply()),
         }
@@ -368,6 +371,7 @@ mod tests {
             ("EXPIRED", EXPIRED.to_string()),
             ("RELEASED", RELEASED.to_string()),
             ("TAKEN_BY_OTHER", TAKEN_BY_OTHER.to_string()),
+            ("UNCONFIRMED", UNCONFIRMED.to_string()),
             ("NOT_OWNER", NOT_OWNER.to_string()),
             ("RENEWED", RENEWED.to_string()),
             ("NOT_HELD", NOT_HELD.to_string()),

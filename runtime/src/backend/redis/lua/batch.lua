@@ -8,6 +8,7 @@
 --   q  acquire and queue: token, ttl ms, holder, register ms, hand-over lease ms, attempt
 --   r  release: token
 --   k  release but keep: token, keep ms
+--   s  release sent again (the first send's outcome unknown): token, keep ms, 1
 -- Reply: one value per operation: a grant's fencing token as decimal text (its lease is the ttl asked for;
 --   ACQUIRE_PLAIN's grants: 0), a release's code, {code, fence, ms} for any other acquire reply (as ACQUIRE's
 --   slow path), or {FAILED, error message, 0} when that operation failed (the others still ran).

@@ -50,6 +50,9 @@ local function run_batch(records, at, ops, a)
       elseif op == 107 then
         a = t + 2
         out[i] = slow().release(R, ARGV[t], ARGV[t + 1], redis.call('get', R))
+      elseif op == 115 then
+        a = t + 3
+        out[i] = slow().release(R, ARGV[t], ARGV[t + 1], redis.call('get', R), true)
       elseif op == 113 then
         a = t + 6
         code, fence, ms = slow().acquire(R, ARGV[t], ARGV[t + 1], ARGV[t + 2], ARGV[t + 3], ARGV[t + 4], ARGV[t + 5])

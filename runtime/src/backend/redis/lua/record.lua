@@ -31,6 +31,7 @@ local GRANTED = 1
 local EXPIRED = 0
 local RELEASED = 1
 local TAKEN_BY_OTHER = 2
+local UNCONFIRMED = 3
 -- The renew reply; REMAINING's reply for a lock the token does not own; WITHDRAW's first value when the
 -- lock was not handed to the token; the code of one operation that failed inside BATCH or RENEW_MANY.
 local NOT_OWNER = 0

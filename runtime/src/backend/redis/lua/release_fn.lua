@@ -1,13 +1,15 @@
--- release(R, token, keep ms ('0': free it now), the record's value) → RELEASED, EXPIRED (nobody owns it) or
--- TAKEN_BY_OTHER. Freeing hands the lock to the next live waiter, if the record's mark says one may be
+-- release(R, token, keep ms ('0': free it now), the record's value, sent again) → RELEASED, EXPIRED (nobody
+-- owns it), TAKEN_BY_OTHER, or for a release sent again that finds neither its grant nor a trace of its own
+-- first run, UNCONFIRMED (that run may have released it, its trace gone since, or it may have expired first). Freeing hands the lock to the next live waiter, if the record's mark says one may be
 -- queued, or leaves it FREED; keeping leaves it held by NOBODY for `keep` ms, and its last token in R:last
 -- for the rest of the lease. A release sent again after its reply was lost finds its own work done (the
 -- token's second half after FREED or NOBODY, or in R:last after a hand-over: record.lua) and answers
 -- RELEASED again. Needs hand_over, free and released_by.
-local function release(R, token, keep, v)
+local function release(R, token, keep, v, again)
   local half = string.sub(token, TOKEN_HALF + 1)
   if not v then
     if released_by(R, half) then return RELEASED end
+    if again then return UNCONFIRMED end
     return EXPIRED
   end
   local owner = string.sub(v, 1, TOKEN_END)
@@ -16,6 +18,7 @@ local function release(R, token, keep, v)
     local freed = first == NOBODY or first == FREED
     -- Freed or kept by this release, or handed over by it (and perhaps freed by the heir since).
     if (freed and string.sub(owner, TOKEN_HALF + 1) == half) or released_by(R, half) then return RELEASED end
+    if again then return UNCONFIRMED end
     if freed then return EXPIRED end
     return TAKEN_BY_OTHER
   end
