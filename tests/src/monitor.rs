@@ -114,6 +114,22 @@ impl Monitor {
         }
     }
 
+    /// Waits (up to 5 s) until `found` returns something for the lines since `from`.
+    pub async fn wait_until<T>(&self, from: usize, what: &str, mut found: impl FnMut(&[String]) -> Option<T>) -> T {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(t) = found(&self.lines_since(from)) {
+                return t;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "MONITOR did not show {what} within 5 s; last lines:\n{}",
+                self.tail(20)
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     fn next_label(&self, label: &str) -> String {
         format!("distlock-test-mark:{label}:{}", self.marks.fetch_add(1, Ordering::SeqCst))
     }
@@ -193,5 +209,17 @@ pub fn tokens_in(line: &str) -> Vec<String> {
     monitor_args(line)
         .into_iter()
         .filter(|a| a.len() == 32 && a.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+        .collect()
+}
+
+/// The argument lists of the script calls (EVALSHA) clients sent on `record`, not a script's inner calls, with
+/// at least `min_args` arguments: `EVALSHA sha 1 record token ttl holder` is 7 for an ACQUIRE, 10 queued
+/// (`register lease attempt` after it).
+pub fn script_calls(lines: &[String], record: &str, min_args: usize) -> Vec<Vec<String>> {
+    lines
+        .iter()
+        .filter(|line| is_client_command(line))
+        .map(|line| monitor_args(line))
+        .filter(|args| args.len() >= min_args && args[0].eq_ignore_ascii_case("evalsha") && args[3] == record)
         .collect()
 }

@@ -24,7 +24,7 @@
 use std::time::Duration;
 
 use distlock::{Client, LockError, LockGuard, LockRequest, ReleaseOutcome, RetryStrategy};
-use distlock_tests::monitor::{is_client_command, monitor_args, Monitor};
+use distlock_tests::monitor::{monitor_args, script_calls, Monitor};
 use distlock_tests::proxy::{Fault, FaultProxy};
 use distlock_tests::stall::StallableRuntime;
 use distlock_tests::time::{ms, secs};
@@ -93,29 +93,11 @@ async fn acquire(request: LockRequest) -> Outcome {
 /// The argument lists of the queued ACQUIRE calls clients sent on `record` (not a script's inner calls):
 /// `EVALSHA sha 1 record token ttl holder register lease [attempt]` (the attempt's number since issue 31).
 fn queued_acquires(lines: &[String], record: &str) -> Vec<Vec<String>> {
-    lines
-        .iter()
-        .filter(|line| is_client_command(line))
-        .map(|line| monitor_args(line))
-        .filter(|args| args.len() >= 9 && args[0].eq_ignore_ascii_case("evalsha") && args[3] == record)
-        .collect()
+    script_calls(lines, record, 9)
 }
 
-/// Waits (up to 5 s) until `found` returns something for the monitor's lines since `from`.
-async fn wait_monitor<T>(
-    monitor: &Monitor,
-    from: usize,
-    what: &str,
-    mut found: impl FnMut(&[String]) -> Option<T>,
-) -> T {
-    let deadline = Instant::now() + secs(5);
-    loop {
-        if let Some(t) = found(&monitor.lines_since(from)) {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "MONITOR did not show {what} within 5 s; last lines:\n{}", monitor.tail(20));
-        tokio::time::sleep(ms(1)).await;
-    }
+async fn wait_monitor<T>(monitor: &Monitor, from: usize, what: &str, found: impl FnMut(&[String]) -> Option<T>) -> T {
+    monitor.wait_until(from, what, found).await
 }
 
 /// The hand-over a release made on `record` since line `from`, as the script announced it on

@@ -12,7 +12,7 @@
 
 use distlock::{Client, LockGuard, ReleaseOutcome};
 use distlock_tests::proxy::{Fault, FaultProxy};
-use distlock_tests::time::{ms, secs};
+use distlock_tests::time::secs;
 use distlock_tests::{eventually, within, Fixture, FREED};
 use tokio::task::JoinHandle;
 
@@ -29,8 +29,22 @@ async fn client_through_proxy(fx: &Fixture) -> (Client, FaultProxy) {
     (client, proxy)
 }
 
-/// Releases `guard` with its replies lost: once `done` says the server's record shows the release done, the
-/// proxy passes traffic again (resetting the connection that lost the reply), and the client's resend answers.
+/// Runs `call` (spawned) with its replies lost: once `ran` says the server shows its work done, the proxy
+/// passes traffic again (resetting the connection that lost the reply), and the client's resend answers.
+async fn with_lost_reply<T: Send + 'static, F: std::future::Future<Output = bool>>(
+    proxy: &FaultProxy,
+    call: impl std::future::Future<Output = T> + Send + 'static,
+    ran: impl FnMut() -> F,
+) -> T {
+    proxy.set_fault(Fault::DropReplies);
+    let call: JoinHandle<T> = tokio::spawn(call);
+    eventually(secs(5), "the call ran on the server", ran).await;
+    eventually(secs(5), "the call's reply was dropped", || async { proxy.stats().dropped_reply_bytes > 0 }).await;
+    proxy.set_fault(Fault::Pass);
+    within(secs(10), "the call, sent again", call).await.expect("the call's task")
+}
+
+/// Releases `guard` with its reply lost, once `done` says the record shows the release done.
 async fn release_with_lost_reply(
     fx: &Fixture,
     proxy: &FaultProxy,
@@ -38,13 +52,8 @@ async fn release_with_lost_reply(
     record: &str,
     done: impl Fn(Option<&str>) -> bool,
 ) -> ReleaseOutcome {
-    proxy.set_fault(Fault::DropReplies);
-    let release: JoinHandle<_> = tokio::spawn(guard.release());
-    eventually(secs(5), "the release ran on the server", || async { done(record_value(fx, record).await.as_deref()) })
-        .await;
-    eventually(secs(5), "the release's reply was dropped", || async { proxy.stats().dropped_reply_bytes > 0 }).await;
-    proxy.set_fault(Fault::Pass);
-    within(secs(10), "the release, sent again", release).await.expect("release task").expect("release")
+    let ran = || async { done(record_value(fx, record).await.as_deref()) };
+    with_lost_reply(proxy, guard.release(), ran).await.expect("release")
 }
 
 fn freed(value: Option<&str>) -> bool {
@@ -101,14 +110,16 @@ async fn handed_over(key: &str, heir_releases: bool) {
         assert_eq!(heir.release().await.expect("heir's release"), ReleaseOutcome::Released);
         return;
     }
-    proxy.set_fault(Fault::DropReplies);
-    let release = tokio::spawn(guard.release());
-    let heir = within(secs(5), "the heir", heir).await.expect("heir task").expect("the heir's lock");
-    assert_eq!(heir.release().await.expect("heir's release"), ReleaseOutcome::Released);
-    assert!(freed(record_value(&fx, &record).await.as_deref()), "setup: the heir's release freed the lock");
-    eventually(secs(5), "the release's reply was dropped", || async { proxy.stats().dropped_reply_bytes > 0 }).await;
-    proxy.set_fault(Fault::Pass);
-    let outcome = within(secs(10), "the release, sent again", release).await.expect("task").expect("release");
+    // The heir takes it and frees it before the resend: the heir's FREED record no longer names H.
+    let heir = tokio::sync::Mutex::new(Some(heir));
+    let heir_freed = || async {
+        if let Some(heir) = heir.lock().await.take() {
+            let heir = within(secs(5), "the heir", heir).await.expect("heir task").expect("the heir's lock");
+            assert_eq!(heir.release().await.expect("heir's release"), ReleaseOutcome::Released);
+        }
+        freed(record_value(&fx, &record).await.as_deref())
+    };
+    let outcome = with_lost_reply(&proxy, guard.release(), heir_freed).await.expect("release");
     assert_eq!(outcome, ReleaseOutcome::Released, "the resent release did not recognise its hand-over");
 }
 
@@ -129,21 +140,14 @@ async fn s31_5_a_resent_release_of_several_keys_reports_released() {
     let (client, proxy) = client_through_proxy(&fx).await;
     let records = [client.record_key("s31-5-a"), client.record_key("s31-5-b")];
     let guard = client.lock_all(["s31-5-a", "s31-5-b"]).ttl(secs(10)).acquire().await.expect("acquire");
-    proxy.set_fault(Fault::DropReplies);
-    let release = tokio::spawn(guard.release());
-    eventually(secs(5), "both releases ran on the server", || async {
+    let both_freed = || async {
         let mut all = true;
         for record in &records {
             all &= freed(record_value(&fx, record).await.as_deref());
         }
         all
-    })
-    .await;
-    eventually(secs(5), "the replies were dropped", || async { proxy.stats().dropped_reply_bytes > 0 }).await;
-    // Long enough for the second release's reply to be dropped too, if it went in a call of its own.
-    tokio::time::sleep(ms(50)).await;
-    proxy.set_fault(Fault::Pass);
-    let outcome = within(secs(10), "the releases, sent again", release).await.expect("task").expect("release");
+    };
+    let outcome = with_lost_reply(&proxy, guard.release(), both_freed).await.expect("release");
     assert_eq!(outcome, ReleaseOutcome::Released, "the resent releases did not recognise their own");
 }
 
@@ -156,17 +160,16 @@ async fn s31_5_a_resent_release_without_a_trace_reports_unconfirmed() {
     let (client, proxy) = client_through_proxy(&fx).await;
     let record = client.record_key("s31-5-gone");
     let guard = client.lock("s31-5-gone").ttl(secs(10)).acquire().await.expect("acquire");
-    proxy.set_fault(Fault::DropReplies);
-    let release = tokio::spawn(guard.release());
-    eventually(secs(5), "the release ran on the server", || async {
-        freed(record_value(&fx, &record).await.as_deref())
-    })
-    .await;
-    eventually(secs(5), "the release's reply was dropped", || async { proxy.stats().dropped_reply_bytes > 0 }).await;
-    let mut admin = fx.redis_connection().expect("redis");
-    let () = redis::cmd("DEL").arg(&record).arg(format!("{record}:last")).query_async(&mut admin).await.unwrap();
-    proxy.set_fault(Fault::Pass);
-    let outcome = within(secs(10), "the release, sent again", release).await.expect("task").expect("release");
+    // Once the release has run, its record and trace go before the resend arrives.
+    let gone = || async {
+        if !freed(record_value(&fx, &record).await.as_deref()) {
+            return false;
+        }
+        let mut admin = fx.redis_connection().expect("redis");
+        let () = redis::cmd("DEL").arg(&record).arg(format!("{record}:last")).query_async(&mut admin).await.unwrap();
+        true
+    };
+    let outcome = with_lost_reply(&proxy, guard.release(), gone).await.expect("release");
     assert_eq!(outcome, ReleaseOutcome::Unconfirmed, "a resend without a trace claimed to know");
 }
 
@@ -178,20 +181,16 @@ async fn s31_5_a_resent_extend_succeeds_and_keeps_the_guard_valid() {
     let (client, proxy) = client_through_proxy(&fx).await;
     let record = client.record_key("s31-5-extend");
     let guard = client.lock("s31-5-extend").ttl(secs(10)).acquire().await.expect("acquire");
-    proxy.set_fault(Fault::DropReplies);
-    let extend = tokio::spawn(async move {
+    let extend = async move {
         let extended = guard.extend(secs(30)).await;
         (extended, guard)
-    });
-    eventually(secs(5), "the extend ran on the server", || async {
+    };
+    let extended_on_server = || async {
         let mut admin = fx.redis_connection().expect("redis");
         let pttl: i64 = redis::cmd("PTTL").arg(&record).query_async(&mut admin).await.expect("PTTL");
         pttl > 20_000
-    })
-    .await;
-    eventually(secs(5), "the extend's reply was dropped", || async { proxy.stats().dropped_reply_bytes > 0 }).await;
-    proxy.set_fault(Fault::Pass);
-    let (extended, guard) = within(secs(10), "the extend, sent again", extend).await.expect("task");
+    };
+    let (extended, guard) = with_lost_reply(&proxy, extend, extended_on_server).await;
     extended.expect("the resent extend");
     assert!(!guard.is_lost(), "the guard reads lost after its extend was sent again");
     assert!(guard.deadline() > tokio::time::Instant::now() + secs(20), "the longer lease is not counted");

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{Client, LockError, LockGuard, LockRequest, ReleaseOutcome, RetryStrategy};
-use distlock_tests::monitor::{is_client_command, monitor_args, Monitor};
+use distlock_tests::monitor::{monitor_args, script_calls, Monitor};
 use distlock_tests::proxy::{Fault, FaultProxy};
 use distlock_tests::stall::StallableRuntime;
 use distlock_tests::sys::Stopped;
@@ -308,29 +308,11 @@ const QUEUED_ACQUIRE_ARGS: usize = 10;
 
 /// Acquire calls by client command (not a script's inner calls) on `record`: the argument lists.
 fn acquire_calls(lines: &[String], record: &str) -> Vec<Vec<String>> {
-    lines
-        .iter()
-        .filter(|line| is_client_command(line))
-        .map(|line| monitor_args(line))
-        .filter(|args| args.len() >= 7 && args[0].eq_ignore_ascii_case("evalsha") && args[3] == record)
-        .collect()
+    script_calls(lines, record, 7)
 }
 
-/// Waits until `found` returns something for the monitor's lines since `from`.
-async fn wait_monitor<T>(
-    monitor: &Monitor,
-    from: usize,
-    what: &str,
-    mut found: impl FnMut(&[String]) -> Option<T>,
-) -> T {
-    let deadline = Instant::now() + secs(5);
-    loop {
-        if let Some(t) = found(&monitor.lines_since(from)) {
-            return t;
-        }
-        assert!(Instant::now() < deadline, "MONITOR did not show {what} within 5 s; last lines:\n{}", monitor.tail(20));
-        tokio::time::sleep(ms(1)).await;
-    }
+async fn wait_monitor<T>(monitor: &Monitor, from: usize, what: &str, found: impl FnMut(&[String]) -> Option<T>) -> T {
+    monitor.wait_until(from, what, found).await
 }
 
 /// Schedule 3, a lease assumed after a dropped reply (two valid guards): "A crashed holder's record is in

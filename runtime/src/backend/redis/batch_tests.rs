@@ -50,7 +50,7 @@ impl FakeRedis {
 
 impl Transport for Arc<FakeRedis> {
     async fn call(&self, ops: &[Op<'_>]) -> redis::RedisResult<Value> {
-        self.calls.lock().unwrap().push(ops.iter().map(|op| format!("{}:{}", op.letter(), op.record())).collect());
+        self.calls.lock().unwrap().push(ops.iter().map(|op| format!("{}:{}", op.letter(false), op.record())).collect());
         self.gate.acquire().await.expect("gate open").forget();
         Ok(match ops {
             [op] => FakeRedis::reply_to(op),
@@ -374,10 +374,10 @@ fn an_acquire_repeating_the_last_one_s_ttl_and_holder_sends_its_token_alone() {
             })
             .collect()
     };
-    let batch = args(command(&ops, false));
+    let batch = args(command(&ops, super::super::Sending::default()));
     assert_eq!(batch[2], b"7", "seven KEYS");
     assert_eq!(&batch[3 + ops.len()..], &expected[..]);
-    let spread = args(command_spread(&ops, false));
+    let spread = args(command_spread(&ops, super::super::Sending::default()));
     assert_eq!(spread[4], expected[0], "the letters, after KEYS[1]");
     assert_eq!(&spread[5 + ops.len()..], &expected[1..]);
 }

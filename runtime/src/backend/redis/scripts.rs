@@ -559,7 +559,7 @@ mod reply_tests {
         for code in [-1, 2, 7] {
             assert!(attempt_of((code, 5, 100)).is_err(), "acquire code {code}");
         }
-        for code in [-1, 3, 7] {
+        for code in [-1, 4, 7] {
             assert!(release_outcome(code).is_err(), "release code {code}");
         }
         for code in [-1, 2, 7] {
@@ -580,6 +580,7 @@ mod reply_tests {
         assert_eq!(release_outcome(RELEASED).unwrap(), ReleaseOutcome::Released);
         assert_eq!(release_outcome(EXPIRED).unwrap(), ReleaseOutcome::Expired);
         assert_eq!(release_outcome(TAKEN_BY_OTHER).unwrap(), ReleaseOutcome::TakenByOther);
+        assert_eq!(release_outcome(UNCONFIRMED).unwrap(), ReleaseOutcome::Unconfirmed);
         assert!(renew_outcome(RENEWED).unwrap());
         assert!(!renew_outcome(NOT_OWNER).unwrap());
         assert_eq!(withdrawn((NOT_HANDED, 0)).unwrap(), None);
