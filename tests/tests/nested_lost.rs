@@ -3,7 +3,8 @@
 //! the same key must check the outer grant like a fresh request: lost → no body, [`LockError::Lost`] — for
 //! `run`, `try_run`, `acquire`, `try_acquire`, the attribute, every `OnLost` and multi-key requests that nest
 //! fully or partly. A nested body under the default `OnLost::Abort` is watched like a fresh one: dropped when
-//! the outer grant is lost while it runs, `Lost` when it ends past the deadline.
+//! the outer grant is lost while it runs, `Lost` when it ends past the deadline. A partly nested request whose
+//! held key is lost while it waits for another key gives back what it took.
 //!
 //! Each loss is reported once (one WARN from the grant, however many requests find it) and every lock span of
 //! the nested requests comes to `lost`. Events sequence the steps (the guard's `lost()`, C's grant, flags set
@@ -19,6 +20,7 @@ use distlock_tests::logs::{self, LogLine, Logs, SpanLine};
 use distlock_tests::monitor::Monitor;
 use distlock_tests::time::{ms, secs};
 use distlock_tests::{eventually, within, Fixture};
+use tokio::time::Instant;
 
 distlock_tests::both_backends!(
     s31_1_nested_request_on_a_lost_outer_grant_fails_closed,
@@ -26,6 +28,7 @@ distlock_tests::both_backends!(
     s31_1_nested_body_is_dropped_when_the_outer_grant_is_lost,
     s31_1_nested_body_that_ends_past_the_deadline_is_lost,
     s31_1_nested_continue_body_started_in_time_runs_to_its_end,
+    s31_1_held_key_lost_while_a_partly_nested_request_waits_gives_back_the_others,
 );
 
 /// Far above anything these tests need: a hang fails the test instead of stalling the suite.
@@ -85,8 +88,7 @@ async fn lost_then_taken_by_c(fx: &Fixture, keys: &[&str]) -> LockGuard {
 fn assert_lost<T: std::fmt::Debug>(what: &str, key: &str, result: Result<T, LockError>) {
     assert!(
         matches!(&result, Err(LockError::Lost { key: lost }) if lost == key),
-        "{what}, nested in a body whose grant of {key:?} is lost (C holds it): expected Err(Lost {{ key: {key:?} }}), \
-         got {result:?}"
+        "{what}, nested in a body whose grant of {key:?} is lost: expected Err(Lost {{ key: {key:?} }}), got {result:?}"
     );
 }
 
@@ -385,4 +387,44 @@ async fn s31_1_nested_continue_body_started_in_time_runs_to_its_end(fx: Fixture)
         "finished after the loss"
     );
     assert_reported_once(logs, key, None, 2).await;
+}
+
+/// A partly nested request (`lock_all([j, k])` in a body holding `k`; `j` sorts first) waits for `j`, which D
+/// holds, while H's grant of `k` runs out. D then releases `j`, which the request takes, then finds `k` lost: it
+/// gives `j` back and fails with `Lost` naming `k`.
+async fn s31_1_held_key_lost_while_a_partly_nested_request_waits_gives_back_the_others(fx: Fixture) {
+    let logs = logs::capture();
+    let client = fx.client().clone();
+    let [busy, held] = ["j", "k"].map(|k| format!("s31-1-wait-{}:{k}", backend(&fx)));
+    let (busy, held) = (busy.as_str(), held.as_str());
+    let d_client = fx.other_client().await;
+    let d = d_client.lock(busy).ttl(secs(10)).acquire().await.expect("D takes the busy key");
+    let outcome = client
+        .lock(held)
+        .ttl(LEASE_TO_START_IN)
+        .max_hold(ms(1))
+        .on_lost(OnLost::Continue)
+        .run(async {
+            let lock = distlock::current_lock().expect("inside H's body");
+            assert!(!lock.is_lost(), "H's grant ran out before the request was made");
+            let request = client.lock_all([busy, held]).wait(BOUND).retry(RetryStrategy::Linear { step: ms(20) });
+            let requested = async {
+                let partly = within(BOUND, "the request ends", request.acquire()).await;
+                (partly, Instant::now())
+            };
+            let d_releases_once_h_lost = async {
+                within(BOUND, "H's lease runs out once max_hold stopped its renewals", lock.lost()).await;
+                let released = Instant::now();
+                d.release().await.expect("D's release");
+                released
+            };
+            let ((partly, ended), released) = tokio::join!(requested, d_releases_once_h_lost);
+            assert!(ended >= released, "the request ended before D released the key it waited for: {partly:?}");
+            assert_lost("lock_all([j, k]) that waited for j while H's k ran out", held, partly);
+            let info = client.lock_info(busy).await.expect("lock_info");
+            assert!(info.is_none(), "the busy key, taken after D released it, was left held: {info:?}");
+        })
+        .await;
+    outcome.expect("H's body ran to its end (OnLost::Continue)");
+    assert_reported_once(logs, held, None, 2).await;
 }
