@@ -68,7 +68,9 @@
 //! - **S3** grant, fencing token and lease are set by one script; all of a lock's keys share one hash slot;
 //! - **S4** fencing tokens rise strictly per key, also across a restart without persistence, a FLUSHALL or a
 //!   failover (`max(last + 1, the server's clock in µs)`; below 2^53), while the server's clock does not step back;
-//! - **S5** the body never runs without a grant: not configured, busy, lost and backend errors are errors;
+//! - **S5** the body never runs without a grant: not configured, busy, lost and backend errors are errors; a
+//!   nested (reentrant) request checks the outer grant like a fresh one, and fails with [`LockError::Lost`]
+//!   once it is lost (see [Nested requests](LockRequest#nested-requests));
 //! - **S6** a guard's deadline never lies past the server's expiry of its grant: a lease counts from the
 //!   monotonic instant taken before sending the request the server answered, for the lease its reply reports,
 //!   minus drift (lease·1% + 2 ms); an announced hand-over only when provably newer than the waiter's last
