@@ -16,6 +16,7 @@ use crate::backend::{Announcement, Attempt, HandOver, Hold, LockKeys, Queueing, 
 use crate::grant::{Grant, Lease};
 use crate::hooks::{reverted, Fix};
 use crate::observe;
+use crate::request::LEASE_RAN_OUT;
 use crate::shutdown::Activity;
 use crate::{held, Client, LockError, LockGuard, LockRequest, LockToken, RetryStrategy};
 
@@ -43,12 +44,18 @@ struct BusyAttempt {
 /// waiting cannot deadlock. If a key cannot be had, the
 /// keys already taken are released before the error returns (fail closed); if the request is dropped midway,
 /// the partial guard's drop releases them in the background. A key the running lock body already holds is
-/// nested: used, not taken again, and left to the outer body.
+/// nested: used, not taken again, and left to the outer body — unless its grant is lost, which fails the
+/// request with [`LockError::Lost`] as a fresh key's loss would (before anything is sent when it is lost
+/// already; else giving back the keys taken so far).
 pub(crate) async fn acquire_all(mut request: LockRequest) -> Result<LockGuard, LockError> {
     let mut names = std::mem::take(&mut request.keys);
     // Canonical order: what makes waiting for several keys deadlock-free; a key named twice is one lock.
     names.sort_unstable();
     names.dedup();
+    // A key the running lock body holds on a lost grant fails the request before anything is sent.
+    if let Some(lost) = names.iter().find_map(|name| held::find(&request.client, name).and_then(|g| nested_loss(&g))) {
+        return Err(lost);
+    }
     let several = names.len() > 1;
     let started = Instant::now();
     let deadline = started.checked_add(request.wait);
@@ -60,6 +67,10 @@ pub(crate) async fn acquire_all(mut request: LockRequest) -> Result<LockGuard, L
     let mut guard = LockGuard::assemble(names.len());
     for name in names {
         if let Some(grant) = held::find(&request.client, &name) {
+            // Lost while an earlier key was awaited: the keys taken so far are given back.
+            if let Some(lost) = nested_loss(&grant) {
+                return Err(abandon_partial(guard, lost, started).await);
+            }
             guard.push_nested(grant);
             continue;
         }
@@ -78,6 +89,17 @@ pub(crate) async fn acquire_all(mut request: LockRequest) -> Result<LockGuard, L
         }
     }
     Ok(guard)
+}
+
+/// [`LockError::Lost`] if `grant`, which the running lock body holds (a nested key), is lost: a nested request
+/// checks the outer grant as a fresh request's grant is checked, and never uses a lost one. A loss the clock
+/// alone shows is marked, so that the grant reports it (once, however many requests find it).
+fn nested_loss(grant: &Grant) -> Option<LockError> {
+    if !grant.is_lost() {
+        return None;
+    }
+    grant.mark_lost(LEASE_RAN_OUT);
+    Some(LockError::Lost { key: grant.keys.name.clone() })
 }
 
 /// The fast path for several keys: all of them in one call, if all are free with nobody queued. `None`, with

@@ -136,9 +136,10 @@ impl LockGuard {
     }
 
     /// Marks lost every key whose lease ran out by the clock alone (the renewer had not noticed yet), so that
-    /// the loss is reported and counted once, as one the renewer found.
+    /// the loss is reported and counted once, as one the renewer found. Nested keys too: their loss is the
+    /// outer grant's, which reports it once, whichever guard finds it first.
     pub(crate) fn mark_lost_by_clock(&self, why: &str) {
-        for part in self.parts.iter().filter(|p| !p.nested && p.grant.is_lost()) {
+        for part in self.parts.iter().filter(|p| p.grant.is_lost()) {
             part.grant.mark_lost(why);
         }
     }

@@ -69,7 +69,9 @@
 //! - **S4** fencing tokens rise strictly per key, also across a restart without persistence, a FLUSHALL or a
 //!   failover (`max(last + 1, the server's clock in µs)`; below 2^53; the last token is kept at least the ttl of
 //!   the key's last grant), while the server's clock does not step back by more than that ttl;
-//! - **S5** the body never runs without a grant: not configured, busy, lost and backend errors are errors;
+//! - **S5** the body never runs without a grant: not configured, busy, lost and backend errors are errors; a
+//!   nested (reentrant) request checks the outer grant like a fresh one, and fails with [`LockError::Lost`]
+//!   once it is lost (see [Nested requests](LockRequest#nested-requests));
 //! - **S6** a guard's deadline never lies past the server's expiry of its grant: a lease counts from the
 //!   monotonic instant taken before sending the request the server answered, for the lease its reply reports,
 //!   minus drift (lease·1% + 2 ms); an announced hand-over only when it names the waiter's last busy attempt

@@ -14,7 +14,7 @@ const MIN_TTL: Duration = Duration::from_millis(100);
 /// The longest lease accepted: far inside what Redis's PEXPIRE can represent.
 const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 4);
 /// Why a lock body's lock was lost when the clock alone says so (nothing marked it lost before).
-const LEASE_RAN_OUT: &str = "the lease ran out before a renewal succeeded";
+pub(crate) const LEASE_RAN_OUT: &str = "the lease ran out before a renewal succeeded";
 /// Keys longer than this are almost surely a bug (a whole document rendered into a key).
 const MAX_KEY_BYTES: usize = 1024;
 
@@ -135,13 +135,23 @@ pub enum OnLost {
 /// # Nested requests
 ///
 /// A request for a key that the lock body being polled already holds (through the same client) is
-/// *nested*: it succeeds at once with the outer grant, whatever the key's state on the server. None of its
-/// own settings apply — not its `ttl`, `wait`, `retry`, `metadata`, `min_hold`, `max_hold` nor `on_lost`:
-/// the outer request's govern the one hold. Its guard neither renews nor releases;
-/// [`release`](LockGuard::release) reports [`ReleaseOutcome::Nested`](crate::ReleaseOutcome::Nested), and a
-/// nested `run` just runs its body. A request of several keys of which the body holds only some takes the
-/// others (with its own settings) and leaves the held ones to the outer body; it then waits for those keys
-/// while holding the outer body's, outside the one sorted order that keeps waiting for keys deadlock-free.
+/// *nested*: it uses the outer grant, and asks the store nothing for that key. It checks that grant as a fresh
+/// request's is checked: if the outer grant is lost (its lease ran out, or another owner took the key), the
+/// request fails with [`LockError::Lost`] at once — `acquire` and `try_acquire` too, and `run` without running
+/// its body, whatever its `on_lost` — and sends nothing; otherwise it succeeds at once, whatever the key's
+/// state on the server. Its guard neither renews nor releases: the outer request's `ttl`, `wait`, `retry`,
+/// `metadata`, `min_hold` and `max_hold` govern the one hold, and [`release`](LockGuard::release) reports
+/// [`ReleaseOutcome::Nested`](crate::ReleaseOutcome::Nested).
+///
+/// A nested `run` body is watched like any other, under the nested request's own `on_lost`: with
+/// [`OnLost::Abort`] (the default) it is dropped when the outer grant is lost and `run` returns `Lost`, also
+/// when the body ends after the grant's deadline; with [`OnLost::Continue`] it runs to its end. The outer
+/// request's `on_lost` governs the outer body, which contains the nested one: an outer `Abort` drops both.
+///
+/// A request of several keys of which the body holds only some takes the others (with its own settings) and
+/// leaves the held ones to the outer body; if a held one is lost, it fails with `Lost` and gives back the keys
+/// it took. It waits for the others while holding the outer body's keys, outside the one sorted order that
+/// keeps waiting for keys deadlock-free.
 #[derive(Debug, Clone)]
 #[must_use = "a lock request does nothing until acquired or run"]
 pub struct LockRequest {
@@ -273,8 +283,8 @@ impl LockRequest {
     /// key) is returned.
     ///
     /// Inside a [`run`](LockRequest::run) body that holds this key (through the same client) it succeeds at
-    /// once with a nested guard that shares the outer grant and leaves the outer hold in place: see
-    /// [Nested requests](LockRequest#nested-requests).
+    /// once with a nested guard that shares the outer grant and leaves the outer hold in place, or fails with
+    /// [`LockError::Lost`] if that grant is lost: see [Nested requests](LockRequest#nested-requests).
     ///
     /// Fails with [`LockError::ShuttingDown`] once the client's [`shutdown`](Client::shutdown) has started,
     /// also while waiting (the request then leaves the queue).
@@ -311,7 +321,7 @@ impl LockRequest {
         let result = match self.check() {
             Ok(()) => {
                 // A request for keys the running lock body holds asks the server for nothing: nested, it is
-                // granted also while the client shuts down.
+                // granted also while the client shuts down (unless an outer grant is lost: then `Lost`).
                 if self.keys.iter().all(|key| held::find(&self.client, key).is_some()) {
                     let nested = crate::acquire::acquire_all(self).await;
                     if let Ok(guard) = &nested {
@@ -360,7 +370,8 @@ impl LockRequest {
         }
     }
 
-    /// One attempt: the guard, or `None` when another owner holds the lock.
+    /// One attempt: the guard, or `None` when another owner holds the lock. Nested in a lock body whose grant
+    /// of the key is lost, [`LockError::Lost`] (not `None`: see [Nested requests](LockRequest#nested-requests)).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
@@ -422,23 +433,48 @@ impl LockRequest {
                 return Err(e);
             }
         };
-        if guard.is_nested() {
-            // Nested: the outer body's lock, watched by the outer `run`. Its body runs in the outer body's span
-            // (not wrapped again: a body-sized temporary in every nested lock body's frame in debug builds).
-            let output = body.await;
-            observe::record_outcome(&span, Ok(false));
-            return Ok(output);
-        }
         // A loss seen here may be the clock's alone (the lease ran out before the renewer noticed): marked, so
-        // that it is reported and counted once, like one the renewer found.
+        // that it is reported and counted once, like one the renewer found (also when a nested guard sees the
+        // outer grant's loss first: the grant reports it, once).
         let lost = |guard: &LockGuard| {
             guard.mark_lost_by_clock(LEASE_RAN_OUT);
             observe::record_outcome(&span, Ok(true));
             LockError::Lost { key: guard.lost_key().unwrap_or(guard.key()).to_owned() }
         };
         if guard.is_lost() {
-            // Lost before the body's first poll (e.g. a shutdown's grace ended): the body never starts.
+            // Lost before the body's first poll (e.g. a shutdown's grace ended, or a nested request's outer
+            // grant ran out since it was checked): the body never starts.
             return Err(lost(&guard));
+        }
+        if guard.is_nested() {
+            // Nested: the outer body's grants, which the outer `run` renews and releases. The body is watched
+            // all the same, under this request's own `on_lost`, as a fresh body is below: the outer body's
+            // `on_lost` governs the outer body only. It runs in the outer body's scope and span (not wrapped
+            // again: each wrapper is a body-sized temporary in every nested lock body's frame in debug builds),
+            // and boxed, like a fresh body: pinned in place instead, the body took one more slot at each level,
+            // and a debug build's three nested `run`s needed twice the future and nearly twice the stack.
+            let mut body = Box::pin(body);
+            let output = match on_lost {
+                OnLost::Abort => {
+                    tokio::select! {
+                        biased;
+                        output = &mut body => {
+                            if guard.is_lost() {
+                                return Err(lost(&guard));
+                            }
+                            output
+                        }
+                        () = guard.lost() => return Err(lost(&guard)),
+                    }
+                }
+                OnLost::Continue => body.await,
+            };
+            let lost_under_body = on_lost == OnLost::Continue && guard.is_lost();
+            if lost_under_body {
+                guard.mark_lost_by_clock(LEASE_RAN_OUT);
+            }
+            observe::record_outcome(&span, Ok(lost_under_body));
+            return Ok(output);
         }
         // Boxed: nested lock bodies (an annotated fn calling another) would otherwise each copy the whole body
         // future into their poll frames, which in debug builds overflows a thread's stack after a few levels.
