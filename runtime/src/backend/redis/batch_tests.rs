@@ -68,7 +68,7 @@ fn acquire(record: &str) -> Op<'static> {
         metadata: Cow::Borrowed(""),
         register_ms: 0,
         lease_ms: 0,
-        plain: false,
+        plain: None,
     }
 }
 

@@ -14,11 +14,13 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use self::restart::Vote;
 use self::round::{clone_error, count, Unfinished};
 use super::{Attempt, Capabilities, ConnectSettings, Fencing, Hold, LockKeys, Queueing, RedisBackend, ReleaseWatch};
 use super::{Place, Renewal, ScanState, Store, WakeUps};
 use crate::error::{redact_url, BackendError};
 
+mod restart;
 mod round;
 use crate::grant::drift;
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
@@ -86,8 +88,12 @@ impl RedlockBackend {
         }
         let connected =
             futures_util::future::join_all(urls.iter().map(|url| RedisBackend::connect(url, settings))).await;
-        let servers =
-            connected.into_iter().map(|c| c.map(|server| Arc::new(server.plain()))).collect::<Result<Vec<_>, _>>()?;
+        let mark = restart::mark_key(settings.prefix);
+        let servers = connected
+            .into_iter()
+            .map(|c| c.map(|server| Arc::new(server.plain(&mark))))
+            .collect::<Result<Vec<_>, _>>()?;
+        restart::mark_fresh_group(&servers).await?;
         Ok(Self { servers, unfinished: Unfinished::default(), names, response: settings.timeouts.response })
     }
 
@@ -134,8 +140,10 @@ impl Store for RedlockBackend {
     }
 
     /// One Redlock round: the acquire on every server at once (never queued), resolved at a quorum of grants,
-    /// or once a quorum can no longer grant, or at the per-server timeout. A round that fails gives back every
-    /// grant it may have made, also those that arrive later; so does a round whose caller went away.
+    /// or once a quorum can no longer grant, or at the per-server timeout. A grant by a server whose lock
+    /// state is younger than the ttl (it lost its keys since: restart.rs) does not count. A round that fails
+    /// gives back every grant it may have made, also those that arrive later; so does a round whose caller went
+    /// away.
     async fn acquire(
         &self,
         keys: &LockKeys,
@@ -163,9 +171,9 @@ impl Store for RedlockBackend {
                     let _ = tx.send((i, Err(BackendError::with_hint(server.server(), hint, source).into())));
                     return;
                 };
-                let reply = server.acquire(&keys, &token, ttl, &metadata, None).await;
+                let reply = server.acquire_plain(&keys, &token, ttl, &metadata).await.map(|a| Vote::of(a, ttl));
                 // Busy: another token holds it there, so this one holds nothing to give back.
-                let maybe_ours = !matches!(reply, Ok(Attempt::Busy { .. }));
+                let maybe_ours = !matches!(reply, Ok(Vote::Busy(_)));
                 let _ = tx.send((i, reply));
                 if !maybe_ours {
                     return;
@@ -182,7 +190,7 @@ impl Store for RedlockBackend {
         let (n, quorum) = (self.servers.len(), self.quorum());
         let replies = self
             .collect(&mut rx, self.per_server(Some(ttl)), &keys.name, |r| {
-                let granted = count(r, |a| matches!(a, Attempt::Granted(_)));
+                let granted = count(r, |v| matches!(v, Vote::Granted(_)));
                 let against = r.iter().flatten().count() - granted;
                 granted >= quorum || against > n - quorum
             })
@@ -190,7 +198,7 @@ impl Store for RedlockBackend {
         let leases: Vec<Duration> = replies
             .iter()
             .filter_map(|r| match r {
-                Ok(Attempt::Granted(hold)) => Some(hold.lease),
+                Ok(Vote::Granted(hold)) => Some(hold.lease),
                 _ => None,
             })
             .collect();
@@ -207,12 +215,28 @@ impl Store for RedlockBackend {
         let remaining = replies
             .iter()
             .filter_map(|r| match r {
-                Ok(Attempt::Busy { remaining, .. }) => Some(*remaining),
+                Ok(Vote::Busy(remaining)) => Some(*remaining),
                 _ => None,
             })
             .collect::<Vec<_>>();
         if leases.len() >= quorum || !remaining.is_empty() {
             return Ok(Attempt::Busy { fence: NO_FENCE, remaining: remaining.into_iter().flatten().min() });
+        }
+        let young: Vec<Duration> = replies
+            .iter()
+            .filter_map(|r| match r {
+                Ok(Vote::Young(age)) => Some(*age),
+                _ => None,
+            })
+            .collect();
+        if let Some(youngest) = young.iter().min() {
+            let what = format!(
+                "granted (and {} more that lost every key {youngest:?} ago or later: a restart without persistence or \
+                 a flush; such a server counts for a new holder once its lock state is as old as the ttl, \
+                 {ttl:?})",
+                young.len()
+            );
+            return Err(self.no_quorum(&what, leases.len(), replies));
         }
         Err(self.no_quorum("granted", leases.len(), replies))
     }
