@@ -14,12 +14,14 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use self::renewal::Live;
 use self::restart::Vote;
-use self::round::{clone_error, count, Unfinished};
+use self::round::{count, Unfinished};
 use super::{Attempt, Capabilities, ConnectSettings, Fencing, Hold, LockKeys, Queueing, RedisBackend, ReleaseWatch};
 use super::{Place, Renewal, ScanState, Store, WakeUps};
 use crate::error::{redact_url, BackendError};
 
+mod renewal;
 mod restart;
 mod round;
 use crate::grant::drift;
@@ -35,6 +37,8 @@ pub(crate) struct RedlockBackend {
     servers: Vec<Arc<RedisBackend>>,
     /// Acquire calls not yet over on their server (see [`Unfinished`]).
     unfinished: Unfinished,
+    /// The locks held through this client, for renewals that take a lock again (renewal.rs).
+    live: Live,
     /// The servers' URLs, passwords redacted, for messages.
     names: String,
     response: Duration,
@@ -55,9 +59,6 @@ enum Verdict {
     /// The acquire failed (or was cancelled): every server that may hold a grant for the token gives it back.
     GiveBack,
 }
-
-/// One server's renewals of a batch: each lock's outcome, or the batch's error.
-type BatchReply = Result<Vec<Result<bool, LockError>>, LockError>;
 
 impl RedlockBackend {
     /// Connects to every server in `urls` (each checked as [`RedisBackend::connect`] checks one). Refuses a
@@ -94,7 +95,8 @@ impl RedlockBackend {
             .map(|c| c.map(|server| Arc::new(server.plain(&mark))))
             .collect::<Result<Vec<_>, _>>()?;
         restart::mark_fresh_group(&servers).await?;
-        Ok(Self { servers, unfinished: Unfinished::default(), names, response: settings.timeouts.response })
+        let (unfinished, live) = (Unfinished::default(), Live::default());
+        Ok(Self { servers, unfinished, live, names, response: settings.timeouts.response })
     }
 
     fn quorum(&self) -> usize {
@@ -204,6 +206,7 @@ impl Store for RedlockBackend {
             .collect();
         if leases.len() >= quorum {
             if let Some(lease) = quorum_lease(start, Instant::now(), &leases) {
+                self.live.enter(token, &metadata);
                 let _ = verdict.send(Verdict::Keep);
                 return Ok(Attempt::Granted(Hold { fence: NO_FENCE, lease }));
             }
@@ -246,74 +249,18 @@ impl Store for RedlockBackend {
         Ok(None)
     }
 
-    /// Renewed when a quorum renewed; lost when so many servers no longer hold it that no quorum can. The
-    /// RENEW script only extends a record this token still has: a server that lost it is not given it back.
+    /// Renewed when a majority holds the lock for the token, renewed or taken again (renewal.rs): a server that
+    /// lost the record (a restart, a flush, a lapse while unreachable) or never had it is given it back if it
+    /// is free there. Lost when too many servers hold it for another token, or for none, for a majority.
     async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
-        let shared = Arc::new(keys.clone());
-        let mut rx = self.ask_all(|server| {
-            let (keys, token) = (Arc::clone(&shared), token.clone());
-            async move { server.renew(&keys, &token, ttl).await }
-        });
-        let (n, quorum) = (self.servers.len(), self.quorum());
-        let decided = |r: &[Option<Result<bool, LockError>>]| {
-            count(r, |renewed| *renewed) >= quorum || count(r, |renewed| !*renewed) > n - quorum
-        };
-        let replies = self.collect(&mut rx, self.per_server(Some(ttl)), &keys.name, decided).await;
-        let renewed = replies.iter().filter(|r| matches!(r, Ok(true))).count();
-        if renewed >= quorum {
-            return Ok(true);
-        }
-        if replies.iter().filter(|r| matches!(r, Ok(false))).count() > n - quorum {
-            return Ok(false);
-        }
-        Err(self.no_quorum("renewed", renewed, replies))
+        let outcome = self.renew_round(&[Renewal { keys, token, ttl }]).await;
+        outcome.into_iter().next().unwrap_or(Ok(false))
     }
 
-    /// Each server renews the whole batch in its own round trip; each lock is then counted as
-    /// [`renew`](Self::renew) counts it.
+    /// Each server renews the whole batch in one round trip (and takes again, in one more, the locks whose
+    /// record it lost); each lock is then counted as [`renew`](Self::renew) counts it.
     async fn renew_many(&self, items: &[Renewal<'_>]) -> Result<Vec<Result<bool, LockError>>, LockError> {
-        let owned: Arc<[(LockKeys, LockToken, Duration)]> =
-            items.iter().map(|r| (r.keys.clone(), r.token.clone(), r.ttl)).collect();
-        let mut rx = self.ask_all(|server| {
-            let owned = Arc::clone(&owned);
-            async move {
-                let items: Vec<Renewal<'_>> =
-                    owned.iter().map(|(keys, token, ttl)| Renewal { keys, token, ttl: *ttl }).collect();
-                server.renew_many(&items).await
-            }
-        });
-        let (n, quorum) = (self.servers.len(), self.quorum());
-        let shortest = items.iter().map(|r| r.ttl).min();
-        let per_lock = |r: &[Option<BatchReply>], i: usize, want: bool| {
-            r.iter().filter(|s| matches!(s, Some(Ok(v)) if matches!(v.get(i), Some(Ok(b)) if *b == want))).count()
-        };
-        let decided = |r: &[Option<BatchReply>]| {
-            (0..items.len()).all(|i| per_lock(r, i, true) >= quorum || per_lock(r, i, false) > n - quorum)
-        };
-        let key = items.first().map_or("", |r| r.keys.name.as_str());
-        let replies = self.collect(&mut rx, self.per_server(shortest), key, decided).await;
-        let wrapped: Vec<Option<BatchReply>> = replies.into_iter().map(Some).collect();
-        Ok((0..items.len())
-            .map(|i| {
-                let renewed = per_lock(&wrapped, i, true);
-                if renewed >= quorum {
-                    return Ok(true);
-                }
-                if per_lock(&wrapped, i, false) > n - quorum {
-                    return Ok(false);
-                }
-                // This lock's own reply from each server: its outcome, or the server's error for the batch.
-                let mine = wrapped
-                    .iter()
-                    .flatten()
-                    .map(|s| match s {
-                        Ok(v) => v.get(i).map_or(Ok(false), |r| r.as_ref().map(|b| *b).map_err(clone_error)),
-                        Err(e) => Err(clone_error(e)),
-                    })
-                    .collect();
-                Err(self.no_quorum("renewed", renewed, mine))
-            })
-            .collect())
+        Ok(self.renew_round(items).await)
     }
 
     /// Released on every server; `Released` when a quorum released (the lock is then free), as soon as it
@@ -324,10 +271,15 @@ impl Store for RedlockBackend {
         token: &LockToken,
         keep: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
+        self.live.leave(token);
         let shared = Arc::new(keys.clone());
-        let mut rx = self.ask_all(|server| {
-            let (keys, token) = (Arc::clone(&shared), token.clone());
-            async move { server.release(&keys, &token, keep).await }
+        let mut rx = self.fan_out(|server, tx, i| {
+            let (keys, token, unfinished) = (Arc::clone(&shared), token.clone(), self.unfinished.clone());
+            async move {
+                // After this token's acquire or take on the server, if one is under way: never before it.
+                unfinished.over(i, &token).await;
+                let _ = tx.send((i, server.release(&keys, &token, keep).await));
+            }
         });
         let quorum = self.quorum();
         let decided =
