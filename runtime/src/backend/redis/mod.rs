@@ -365,8 +365,13 @@ impl Store for RedisBackend {
         };
         let mut conn = self.commands.clone();
         let failed = |e| BackendError::new(&self.server, None, e);
-        let mut replies: Vec<redis::RedisResult<Value>> =
-            pipeline(false).query_async(&mut conn).await.map_err(failed)?;
+        let mut sent = pipeline(false).query_async(&mut conn).await;
+        if sent.as_ref().is_err_and(redis::RedisError::is_connection_dropped) {
+            // As send_script: once more at once, on the connection the manager makes anew (after a restart of
+            // the server, the first call finds the old one closed). Renewing again is harmless.
+            sent = pipeline(false).query_async(&mut conn).await;
+        }
+        let mut replies: Vec<redis::RedisResult<Value>> = sent.map_err(failed)?;
         if replies.iter().any(|r| r.as_ref().is_err_and(is_noscript)) {
             replies = pipeline(true).query_async(&mut conn).await.map_err(failed)?;
         }
