@@ -7,6 +7,12 @@
 //! A round resolves as soon as its outcome is certain (a quorum for, or too many against to reach one), or
 //! when the per-server timeout runs out, whichever comes first; the calls still in flight finish in the
 //! background, so a hung server costs a round nothing while a quorum answers without it.
+//!
+//! Two rules keep a server that lost its keys (a restart without persistence, a flush) from handing a lock to
+//! a second holder while the first counts on it: an acquire counts a grant only from a server whose lock
+//! state is at least the ttl old (restart.rs: a delayed restart, kept by the client), and a renewal takes the
+//! lock again by the same token wherever a server no longer has its record (renewal.rs), so a holder stands
+//! on every server that answers.
 
 use std::sync::Arc;
 use std::time::Duration;
