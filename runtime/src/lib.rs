@@ -97,8 +97,9 @@
 //! jump and that lose no record without the mark (no eviction, `appendfsync always` if persisted, no failover
 //! behind an address), and that not every server of the group lost its state before a client was built on it
 //! (a group with no mark is taken for a new one). Renewals take the lock again by the same token where a
-//! server no longer has its record, so a holder stands on every server that answers. The README's Redlock
-//! section has the details and the tests.
+//! server no longer has its record, so a holder stands on every server that answers; such a server counts
+//! toward the renewal's majority only if it lost every key since (nobody could count it meanwhile). The
+//! README's Redlock section has the details and the tests.
 //!
 //! ## Observability
 //!

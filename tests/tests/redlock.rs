@@ -395,6 +395,22 @@ async fn a_server_restarted_empty_during_a_hold_lets_no_second_holder_in() {
     assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
 }
 
+/// A renewal takes the lock again where its record is gone, but counts such a server only if it lost every
+/// key meanwhile (its lock state is younger than the ttl): a record deleted from every server (as by an
+/// operator) leaves the holder lost at its next renewal, however many servers it took again, and the records
+/// those takes made are given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_deleted_from_every_server_is_lost_and_the_renewal_s_takes_are_given_back() {
+    let fixture = Fixture::redlock().await;
+    let record = fixture.client().record_key("gone");
+    let guard = fixture.client().lock("gone").ttl(ms(900)).acquire().await.expect("acquire");
+    eventually(secs(5), "on all three servers", || async { servers_with(&fixture, &record).await == 3 }).await;
+    fixture.vanish_record("gone").await;
+    within(secs(5), "the holder learns it lost the lock", guard.lost()).await;
+    eventually(secs(5), "the takes given back", || async { servers_with(&fixture, &record).await == 0 }).await;
+    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Expired);
+}
+
 /// Issue 31, schedule 4: a release that missed a server, then one restart, must not give two holders.
 ///
 /// P holds on A, B, C and releases, but its connection to C is cut (a blackholing proxy), so the release

@@ -255,9 +255,10 @@ impl Store for RedlockBackend {
         Ok(None)
     }
 
-    /// Renewed when a majority holds the lock for the token, renewed or taken again (renewal.rs): a server that
-    /// lost the record (a restart, a flush, a lapse while unreachable) or never had it is given it back if it
-    /// is free there. Lost when too many servers hold it for another token, or for none, for a majority.
+    /// Renewed when a majority counts for the token: servers that renewed, and servers that lost every key
+    /// since and were given the lock again (renewal.rs). Wherever else the record is gone and the lock free (a
+    /// lapse while unreachable, a server busy at the grant), it is taken too, without counting. Lost when too
+    /// many servers do not count for a majority to be reached.
     async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
         let outcome = self.renew_round(&[Renewal { keys, token, ttl }]).await;
         outcome.into_iter().next().unwrap_or(Ok(false))

@@ -4,19 +4,25 @@
 //! A server can lose a holder's record while the holder keeps its lease: a restart without persistence or a
 //! flush, a record that expired while the server could not be reached, or one that was never written because
 //! the server was busy with a record a release had missed (it lapses later). Renewing only where the record
-//! survives leaves the holder on fewer servers at every such loss, and one more would lose it the lock, or,
-//! with an emptied server, let a second holder in. So where a server answers the renewal with "not this
-//! token's", the same server is asked for the lock by the same token (the plain acquire: granted if free or
-//! already this token's, busy if another token holds it). Taking a free server never admits a second holder:
-//! while the holder's lease runs, a majority holds its records, so no other token can hold a majority; the
-//! take only puts the holder's record back where nobody's is.
+//! survives leaves the holder on fewer servers at every such loss, until one more loses it the lock. So where a
+//! server answers the renewal with "not this token's", the same server is asked for the lock by the same token
+//! (the plain acquire: granted if free or already this token's, busy if another token holds it). Taking a free
+//! server never admits a second holder: the take only puts the holder's record where nobody's is.
 //!
-//! A take counts toward the renewal's majority as a renewal does: the engine dates the renewed lease from before
-//! the renewal round was sent, and a take made after it sets a lease that ends later. A round whose lock no
-//! majority holds (the lock is lost) gives back, by token, what this round renewed or took, so a lost lock
-//! leaves no record of its token on a minority. A server that answers after the round was decided still
-//! takes, while the lock is held ([`Live`]); a release waits on each server for a take under way there to be
-//! over ([`Unfinished::over`](super::round::Unfinished::over)), so no take lands after the release.
+//! What a renewal counts toward its majority is stricter: a server that renewed (its record was the token's
+//! all along), or one taken again while its lock state is younger than the ttl (it lost every key since it
+//! last had the record, and no acquirer has been able to count it since: restart.rs). Between two renewals
+//! that succeed, such a majority held the lock for the token, or could have been counted by nobody else; a take
+//! on a server whose state is old (the record lapsed or was deleted there, or was never written) says nothing
+//! of the time in between, when another holder may have used that server, so it adds the server without
+//! counting it. A lock whose record vanished from a majority is therefore lost, as on one server, however many
+//! servers take it again. The engine dates the renewed lease from before the round was sent; a take made
+//! after it sets a lease that ends later.
+//!
+//! A round whose lock is lost gives back, by token, what it renewed or took, so a lost lock leaves no record
+//! of its token on a minority. A server that answers after the round was decided still takes, while the lock
+//! is held ([`Live`]); a release waits on each server for a take under way there to be over
+//! ([`Unfinished::over`](super::round::Unfinished::over)), so no take lands after the release.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -31,10 +37,14 @@ use crate::{LockError, LockToken};
 /// What one server did about one lock in a renewal round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kept {
-    /// Its record was this token's, and is renewed.
+    /// Its record was this token's, and is renewed: it counts.
     Renewed,
-    /// Its record was gone (or freed), and the lock is this token's again.
-    Taken,
+    /// Its record was gone, lost with every key less than a ttl ago, and the lock is this token's again: it
+    /// counts (nobody could count the server meanwhile).
+    Restored,
+    /// Its record was gone (or freed) on a server whose state is old, and the lock is this token's again: one
+    /// more server holding it, which does not count.
+    Added,
     /// Another token holds it there (or the lock is no longer held, and nothing was taken).
     Not,
 }
@@ -72,8 +82,8 @@ impl RedlockBackend {
     /// The renewal round for a batch of locks (a single lock's, [`Store::renew`](crate::backend::Store::renew),
     /// is a batch of one): each server renews the whole batch in one round trip, and takes again, in one more
     /// (its takes share a script call), the locks whose record it no longer has. A lock is renewed when a
-    /// majority holds it for its token (renewed or taken), lost when too many others hold it or nobody does for
-    /// a majority to be reached; otherwise its outcome is the first error. The round waits for a server two
+    /// majority counts for it (renewed, or restored on a server that lost its keys), lost when too many
+    /// servers do not for a majority to be reached; otherwise its outcome is the first error. The round waits for a server two
     /// per-server timeouts (a take is a second call).
     pub(super) async fn renew_round(&self, items: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
         let owned: Arc<[(LockKeys, LockToken, std::time::Duration)]> =
@@ -100,8 +110,11 @@ impl RedlockBackend {
                                         // taken. A call already under way (an acquire's) takes nothing either.
                                         let Some(_under_way) = unfinished.begin(i, token) else { return Ok(Kept::Not) };
                                         let Some(metadata) = live.metadata(token) else { return Ok(Kept::Not) };
-                                        let took = server.acquire_plain(keys, token, *ttl, &metadata).await?;
-                                        Ok(if matches!(took.0, Attempt::Granted(_)) { Kept::Taken } else { Kept::Not })
+                                        Ok(match server.acquire_plain(keys, token, *ttl, &metadata).await? {
+                                            (Attempt::Granted(_), age) if age < *ttl => Kept::Restored,
+                                            (Attempt::Granted(_), _) => Kept::Added,
+                                            (Attempt::Busy { .. }, _) => Kept::Not,
+                                        })
                                     }
                                     Err(e) => Err(e),
                                 }
@@ -128,10 +141,10 @@ impl RedlockBackend {
             }
         });
         let (n, quorum) = (self.servers.len(), self.quorum());
-        let holding = |k: &Kept| matches!(k, Kept::Renewed | Kept::Taken);
+        let (counts, not) =
+            (|k: &Kept| matches!(k, Kept::Renewed | Kept::Restored), |k: &Kept| matches!(k, Kept::Added | Kept::Not));
         let decided = |r: &[Option<BatchKept>]| {
-            (0..items.len())
-                .all(|j| count_in(r, j, holding) >= quorum || count_in(r, j, |k| *k == Kept::Not) > n - quorum)
+            (0..items.len()).all(|j| count_in(r, j, counts) >= quorum || count_in(r, j, not) > n - quorum)
         };
         let shortest = items.iter().map(|r| r.ttl).min();
         let key = items.first().map_or("", |r| r.keys.name.as_str());
@@ -139,11 +152,11 @@ impl RedlockBackend {
         let wrapped: Vec<Option<BatchKept>> = replies.into_iter().map(Some).collect();
         let outcomes: Vec<Result<bool, LockError>> = (0..items.len())
             .map(|j| {
-                let held = count_in(&wrapped, j, holding);
+                let held = count_in(&wrapped, j, counts);
                 if held >= quorum {
                     return Ok(true);
                 }
-                if count_in(&wrapped, j, |k| *k == Kept::Not) > n - quorum {
+                if count_in(&wrapped, j, not) > n - quorum {
                     return Ok(false);
                 }
                 // This lock's own reply from each server: its outcome, or the server's error for the batch.
