@@ -83,16 +83,16 @@ impl RedlockBackend {
     /// is a batch of one): each server renews the whole batch in one round trip, and takes again, in one more
     /// (its takes share a script call), the locks whose record it no longer has. A lock is renewed when a
     /// majority counts for it (renewed, or restored on a server that lost its keys), lost when too many
-    /// servers do not for a majority to be reached; otherwise its outcome is the first error. The round waits for a server two
-    /// per-server timeouts (a take is a second call).
+    /// servers do not for a majority to be reached; otherwise its outcome is the first error. The round waits
+    /// for a server two per-server timeouts (a take is a second call).
     pub(super) async fn renew_round(&self, items: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
         let owned: Arc<[(LockKeys, LockToken, std::time::Duration)]> =
             items.iter().map(|r| (r.keys.clone(), r.token.clone(), r.ttl)).collect();
         // Per lock, once the round is over: whether it is still this token's (false: given back).
         let (verdict, told) = watch::channel::<Option<Arc<[bool]>>>(None);
-        let (live, unfinished) = (self.live.clone(), self.unfinished.clone());
         let mut rx = self.fan_out(|server, tx, i| {
-            let (owned, mut told, live, unfinished) = (Arc::clone(&owned), told.clone(), live.clone(), unfinished.clone());
+            let (owned, mut told) = (Arc::clone(&owned), told.clone());
+            let (live, unfinished) = (self.live.clone(), self.unfinished.clone());
             async move {
                 let items: Vec<Renewal<'_>> =
                     owned.iter().map(|(keys, token, ttl)| Renewal { keys, token, ttl: *ttl }).collect();

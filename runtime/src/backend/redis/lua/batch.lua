@@ -9,7 +9,8 @@
 --   r  release: token
 --   k  release but keep: token, keep ms
 -- Reply: one value per operation: a grant's fencing token as decimal text (its lease is the ttl asked for;
---   ACQUIRE_PLAIN's grants: the age of the server's lock state in ms instead), a release's code, {code, fence, ms} for any other acquire reply (as ACQUIRE's
---   slow path), or {FAILED, error message, 0} when that operation failed (the others still ran).
+--   ACQUIRE_PLAIN's grants: the age of the server's lock state in ms instead), a release's code,
+--   {code, fence, ms} for any other acquire reply (as ACQUIRE's slow path), or {FAILED, error message, 0}
+--   when that operation failed (the others still ran).
 -- #include record batch_slow batch_fn
 return run_batch(KEYS, 0, ARGV[1], 2)
