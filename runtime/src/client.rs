@@ -346,7 +346,9 @@ impl ClientBuilder {
     /// so it survives the loss of a minority. An acquire asks all at once and is decided as soon as a majority
     /// granted (or can no longer), each server getting a twentieth of the ttl (at least 10 ms, at most the
     /// response timeout) to answer; the lease counts from before the first request, less a drift allowance.
-    /// Renewals need a majority; a release goes to every server.
+    /// A server that lost its keys (a restart without persistence, a flush) counts toward a new holder only
+    /// once its lock state is a ttl old. Renewals need a majority, and take the lock again by the same token
+    /// where a server lost the record; a release goes to every server.
     ///
     /// Not offered on Redlock: a fair queue and hand-over (waiters poll on their retry strategy, and nothing
     /// stops one from being overtaken again and again), and fencing tokens

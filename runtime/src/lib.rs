@@ -92,6 +92,19 @@
 //! [`LockGuard::fencing_token`] to the storage and have it reject older tokens), across failover with
 //! asynchronous replication, or across server restarts without persistence; nor under server clock jumps.
 //!
+//! On [Redlock](ClientBuilder::redlock) (N independent servers, a majority per lock), S1 holds while a
+//! majority of the servers holds the lock, with no fencing token (S4 does not apply) and no queue, and also
+//! across restarts without persistence and flushes of any servers: a grant counts toward a new holder's
+//! majority only from a server whose lock state (its `<prefix>redlock:since` mark) is at least the lock's
+//! ttl old, by when every record it may have lost would have expired. This assumes every holder of a lock
+//! uses a lease no longer than the next acquirer's ttl (no `extend` beyond it), servers whose clocks do not
+//! jump and that lose no record without the mark (no eviction, `appendfsync always` if persisted, no failover
+//! behind an address), and that not every server of the group lost its state before a client was built on it
+//! (a group with no mark is taken for a new one). Renewals take the lock again by the same token where a
+//! server no longer has its record, so a holder stands on every server that answers; such a server counts
+//! toward the renewal's majority only if it lost every key since (nobody could count it meanwhile). The
+//! README's Redlock section has the details and the tests.
+//!
 //! ## Observability
 //!
 //! **Tracing** (always on; with no subscriber interested, a lock cycle costs what it did without it). Every

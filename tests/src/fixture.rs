@@ -272,7 +272,8 @@ impl Fixture {
 
     /// Every key under the client's key prefix on the backend's servers (every Redlock server, every cluster
     /// primary), with its PTTL in milliseconds (-1: no expiry), sorted; `None` on the in-process backend, which
-    /// has no server to look at.
+    /// has no server to look at. Not a Redlock server's lock-state mark (`<prefix>redlock:since`), which is
+    /// the server's, not a lock's, and stays.
     pub async fn keys_left(&self) -> Option<Vec<(String, i64)>> {
         let record = self.client.record_key("x");
         let prefix = record.strip_suffix("{x}").expect("a record key ends with its hash tag");
@@ -297,7 +298,7 @@ impl Fixture {
         let mut left = Vec::new();
         for conn in &mut connections {
             let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(conn).await.expect("KEYS");
-            for key in keys {
+            for key in keys.into_iter().filter(|k| self.redlock.is_empty() || *k != format!("{prefix}redlock:since")) {
                 let pttl: i64 = conn.pttl(&key).await.expect("PTTL");
                 // -2: expired between KEYS and PTTL.
                 if pttl != -2 {

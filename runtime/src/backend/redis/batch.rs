@@ -58,8 +58,8 @@ pub(super) enum Op<'a> {
         lease_ms: u64,
         attempt: u64,
         /// For a store without queue or fencing tokens (Redlock's servers): [`ACQUIRE_PLAIN`], which takes
-        /// the first three arguments only (`register_ms` is then 0).
-        plain: bool,
+        /// the first three arguments (`register_ms` is then 0) and this, the server's lock-state mark.
+        plain: Option<Arc<str>>,
     },
     /// ARGV of [`RELEASE`]: token, keep ms (0: free it now).
     Release { record: Cow<'a, str>, token: LockToken, keep_ms: u64 },
@@ -95,7 +95,7 @@ impl Op<'_> {
 
     fn script(&self) -> &'static LuaScript {
         match self {
-            Op::Acquire { plain: true, .. } => &ACQUIRE_PLAIN,
+            Op::Acquire { plain: Some(_), .. } => &ACQUIRE_PLAIN,
             Op::Acquire { .. } => &ACQUIRE,
             Op::Release { .. } => &RELEASE,
         }
@@ -105,7 +105,7 @@ impl Op<'_> {
     /// send's outcome unknown) is 's'.
     fn letter(&self, again: bool) -> char {
         match self {
-            Op::Acquire { plain: true, .. } => 'p',
+            Op::Acquire { plain: Some(_), .. } => 'p',
             Op::Acquire { register_ms: 0, .. } => 'a',
             Op::Acquire { .. } => 'q',
             Op::Release { .. } if again => 's',
@@ -120,8 +120,8 @@ impl Op<'_> {
     fn repeats(&self, earlier: &Op<'_>) -> bool {
         match (self, earlier) {
             (
-                Op::Acquire { ttl_ms, owner, metadata, register_ms: 0, plain: false, .. },
-                Op::Acquire { ttl_ms: ttl, owner: o, metadata: m, register_ms: 0, plain: false, .. },
+                Op::Acquire { ttl_ms, owner, metadata, register_ms: 0, plain: None, .. },
+                Op::Acquire { ttl_ms: ttl, owner: o, metadata: m, register_ms: 0, plain: None, .. },
             ) => ttl_ms == ttl && owner == o && metadata == m,
             _ => false,
         }
@@ -134,7 +134,9 @@ impl Op<'_> {
             Op::Acquire { token, ttl_ms, owner, metadata, register_ms, lease_ms, attempt, plain, .. } => {
                 cmd.arg(token.as_str()).arg(ttl_ms);
                 write_holder(&mut cmd.writer_for_next_arg(), owner, metadata);
-                if *register_ms > 0 && !plain {
+                if let Some(mark) = plain {
+                    cmd.arg(&**mark);
+                } else if *register_ms > 0 {
                     cmd.arg(register_ms).arg(lease_ms).arg(attempt);
                 }
             }

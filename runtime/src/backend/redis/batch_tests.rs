@@ -69,7 +69,7 @@ fn acquire(record: &str) -> Op<'static> {
         register_ms: 0,
         lease_ms: 0,
         attempt: 0,
-        plain: false,
+        plain: None,
     }
 }
 

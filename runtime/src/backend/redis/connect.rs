@@ -157,7 +157,7 @@ impl RedisBackend {
         settings: ConnectSettings<'_>,
     ) -> Result<Self, LockError> {
         let (replicas, owner) = (settings.replicas, settings.owner.into());
-        let backend = Self { server, commands, hot, subscriber, replicas, owner, plain: false, node_map };
+        let backend = Self { server, commands, hot, subscriber, replicas, owner, plain: None, node_map };
         backend.probe(settings.prefix).await?;
         Ok(backend)
     }

@@ -27,6 +27,7 @@ mod connect;
 mod link;
 mod listing;
 mod multi_key;
+mod plain;
 mod scripts;
 mod subscriber;
 mod window;
@@ -88,8 +89,9 @@ pub(crate) struct RedisBackend {
     replicas: Option<ReplicaAcks>,
     /// The client's owner name, in every record it writes.
     owner: Arc<str>,
-    /// Grants without a queue or a fencing token ([`Self::plain`]).
-    plain: bool,
+    /// In a Redlock group ([`Self::plain`]): grants without a queue or a fencing token, and the key of this
+    /// server's lock-state mark (plain.rs).
+    plain: Option<Arc<str>>,
     /// On a cluster, which node serves each slot (cluster_nodes.rs).
     node_map: Arc<cluster_nodes::NodeMap>,
 }
@@ -101,13 +103,40 @@ impl std::fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
-    /// This server as one of a Redlock group: its grants take neither a fencing token nor a place in a queue
-    /// (ACQUIRE_PLAIN: one SET NX PX, no last token read, no queue check). Redlock refuses fencing and has no queue,
-    /// so they would cost Redis time for nothing; with 64 tasks on 5 servers sharing one CPU, that time was
-    /// the difference between 0.88 and 1.15 of rslock's Redlock (docs/performance.md).
-    pub(crate) fn plain(mut self) -> Self {
-        self.plain = true;
-        self
+    /// One attempt, as [`Store::acquire`] describes it; on a Redlock group's server, a grant's fence is the age
+    /// of the server's lock state (plain.rs).
+    async fn attempt(
+        &self,
+        keys: &LockKeys,
+        token: &LockToken,
+        ttl: Duration,
+        metadata: &str,
+        queueing: Option<Queueing>,
+    ) -> Result<Attempt, LockError> {
+        let (register, lease, attempt) =
+            queueing.map_or((0, 0, 0), |q| (millis(q.register), millis(q.lease), q.attempt));
+        let op = Op::Acquire {
+            record: Cow::Borrowed(&keys.record),
+            token: token.clone(),
+            ttl_ms: millis(ttl),
+            owner: Arc::clone(&self.owner),
+            metadata: Cow::Borrowed(metadata),
+            register_ms: register,
+            lease_ms: lease,
+            attempt,
+            plain: self.plain.clone(),
+        };
+        let reply = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
+        let attempt = match attempt_of(reply).map_err(|e| self.error(keys, e))? {
+            busy @ Attempt::Busy { .. } => return Ok(busy),
+            granted => granted,
+        };
+        if let Err(e) = self.replicated(keys).await {
+            // Not durable enough to use: give it back (best effort; otherwise it expires).
+            let _ = self.release(keys, token, None).await;
+            return Err(e);
+        }
+        Ok(attempt)
     }
 
     /// The server's URL with any password redacted, for messages.
@@ -257,13 +286,15 @@ impl RedisBackend {
 impl Store for RedisBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            fair_queue: !self.plain,
+            fair_queue: self.plain.is_none(),
             wake_ups: WakeUps::Exact,
-            fencing: if self.plain { Fencing::None } else { Fencing::Monotonic },
+            fencing: if self.plain.is_some() { Fencing::None } else { Fencing::Monotonic },
             replica_acks: self.replicas.is_some(),
         }
     }
 
+    /// On a Redlock group's server, a grant's fence is 0: the script's reply has the age of the server's lock
+    /// state in its place, which only the group reads ([`acquire_plain`](Self::acquire_plain)).
     async fn acquire(
         &self,
         keys: &LockKeys,
@@ -272,30 +303,10 @@ impl Store for RedisBackend {
         metadata: &str,
         queueing: Option<Queueing>,
     ) -> Result<Attempt, LockError> {
-        let (register, lease, attempt) =
-            queueing.map_or((0, 0, 0), |q| (millis(q.register), millis(q.lease), q.attempt));
-        let op = Op::Acquire {
-            record: Cow::Borrowed(&keys.record),
-            token: token.clone(),
-            ttl_ms: millis(ttl),
-            owner: Arc::clone(&self.owner),
-            metadata: Cow::Borrowed(metadata),
-            register_ms: register,
-            lease_ms: lease,
-            attempt,
-            plain: self.plain,
-        };
-        let reply = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
-        let attempt = match attempt_of(reply).map_err(|e| self.error(keys, e))? {
-            busy @ Attempt::Busy { .. } => return Ok(busy),
-            granted => granted,
-        };
-        if let Err(e) = self.replicated(keys).await {
-            // Not durable enough to use: give it back (best effort; otherwise it expires).
-            let _ = self.release(keys, token, None).await;
-            return Err(e);
+        match self.attempt(keys, token, ttl, metadata, queueing).await? {
+            Attempt::Granted(hold) if self.plain.is_some() => Ok(Attempt::Granted(Hold { fence: 0, ..hold })),
+            attempt => Ok(attempt),
         }
-        Ok(attempt)
     }
 
     async fn acquire_free(
@@ -356,8 +367,13 @@ impl Store for RedisBackend {
         };
         let mut conn = self.commands.clone();
         let failed = |e| BackendError::new(&self.server, None, e);
-        let mut replies: Vec<redis::RedisResult<Value>> =
-            pipeline(false).query_async(&mut conn).await.map_err(failed)?;
+        let mut sent = pipeline(false).query_async(&mut conn).await;
+        if sent.as_ref().is_err_and(redis::RedisError::is_connection_dropped) {
+            // As send_script: once more at once, on the connection the manager makes anew (after a restart of
+            // the server, the first call finds the old one closed). Renewing again is harmless.
+            sent = pipeline(false).query_async(&mut conn).await;
+        }
+        let mut replies: Vec<redis::RedisResult<Value>> = sent.map_err(failed)?;
         if replies.iter().any(|r| r.as_ref().is_err_and(is_noscript)) {
             replies = pipeline(true).query_async(&mut conn).await.map_err(failed)?;
         }

@@ -7,6 +7,12 @@
 //! A round resolves as soon as its outcome is certain (a quorum for, or too many against to reach one), or
 //! when the per-server timeout runs out, whichever comes first; the calls still in flight finish in the
 //! background, so a hung server costs a round nothing while a quorum answers without it.
+//!
+//! Two rules keep a server that lost its keys (a restart without persistence, a flush) from handing a lock to
+//! a second holder while the first counts on it: an acquire counts a grant only from a server whose lock
+//! state is at least the ttl old (restart.rs: a delayed restart, kept by the client), and a renewal takes the
+//! lock again by the same token wherever a server no longer has its record (renewal.rs), so a holder stands
+//! on every server that answers.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,11 +20,15 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use self::round::{clone_error, count, Unfinished};
+use self::renewal::Live;
+use self::restart::Vote;
+use self::round::{count, Unfinished};
 use super::{Attempt, Capabilities, ConnectSettings, Fencing, Hold, LockKeys, Queueing, RedisBackend, ReleaseWatch};
 use super::{Place, Renewal, ScanState, Store, WakeUps};
 use crate::error::{redact_url, BackendError};
 
+mod renewal;
+mod restart;
 mod round;
 use crate::grant::drift;
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
@@ -33,6 +43,8 @@ pub(crate) struct RedlockBackend {
     servers: Vec<Arc<RedisBackend>>,
     /// Acquire calls not yet over on their server (see [`Unfinished`]).
     unfinished: Unfinished,
+    /// The locks held through this client, for renewals that take a lock again (renewal.rs).
+    live: Live,
     /// The servers' URLs, passwords redacted, for messages.
     names: String,
     response: Duration,
@@ -53,9 +65,6 @@ enum Verdict {
     /// The acquire failed (or was cancelled): every server that may hold a grant for the token gives it back.
     GiveBack,
 }
-
-/// One server's renewals of a batch: each lock's outcome, or the batch's error.
-type BatchReply = Result<Vec<Result<bool, LockError>>, LockError>;
 
 impl RedlockBackend {
     /// Connects to every server in `urls` (each checked as [`RedisBackend::connect`] checks one). Refuses a
@@ -86,9 +95,14 @@ impl RedlockBackend {
         }
         let connected =
             futures_util::future::join_all(urls.iter().map(|url| RedisBackend::connect(url, settings))).await;
-        let servers =
-            connected.into_iter().map(|c| c.map(|server| Arc::new(server.plain()))).collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { servers, unfinished: Unfinished::default(), names, response: settings.timeouts.response })
+        let mark = restart::mark_key(settings.prefix);
+        let servers = connected
+            .into_iter()
+            .map(|c| c.map(|server| Arc::new(server.plain(&mark))))
+            .collect::<Result<Vec<_>, _>>()?;
+        restart::mark_fresh_group(&servers).await?;
+        let (unfinished, live) = (Unfinished::default(), Live::default());
+        Ok(Self { servers, unfinished, live, names, response: settings.timeouts.response })
     }
 
     fn quorum(&self) -> usize {
@@ -134,8 +148,10 @@ impl Store for RedlockBackend {
     }
 
     /// One Redlock round: the acquire on every server at once (never queued), resolved at a quorum of grants,
-    /// or once a quorum can no longer grant, or at the per-server timeout. A round that fails gives back every
-    /// grant it may have made, also those that arrive later; so does a round whose caller went away.
+    /// or once a quorum can no longer grant, or at the per-server timeout. A grant by a server whose lock
+    /// state is younger than the ttl (it lost its keys since: restart.rs) does not count. A round that fails
+    /// gives back every grant it may have made, also those that arrive later; so does a round whose caller went
+    /// away.
     async fn acquire(
         &self,
         keys: &LockKeys,
@@ -163,9 +179,9 @@ impl Store for RedlockBackend {
                     let _ = tx.send((i, Err(BackendError::with_hint(server.server(), hint, source).into())));
                     return;
                 };
-                let reply = server.acquire(&keys, &token, ttl, &metadata, None).await;
+                let reply = server.acquire_plain(&keys, &token, ttl, &metadata).await.map(|a| Vote::of(a, ttl));
                 // Busy: another token holds it there, so this one holds nothing to give back.
-                let maybe_ours = !matches!(reply, Ok(Attempt::Busy { .. }));
+                let maybe_ours = !matches!(reply, Ok(Vote::Busy(_)));
                 let _ = tx.send((i, reply));
                 if !maybe_ours {
                     return;
@@ -182,7 +198,7 @@ impl Store for RedlockBackend {
         let (n, quorum) = (self.servers.len(), self.quorum());
         let replies = self
             .collect(&mut rx, self.per_server(Some(ttl)), &keys.name, |r| {
-                let granted = count(r, |a| matches!(a, Attempt::Granted(_)));
+                let granted = count(r, |v| matches!(v, Vote::Granted(_)));
                 let against = r.iter().flatten().count() - granted;
                 granted >= quorum || against > n - quorum
             })
@@ -190,12 +206,13 @@ impl Store for RedlockBackend {
         let leases: Vec<Duration> = replies
             .iter()
             .filter_map(|r| match r {
-                Ok(Attempt::Granted(hold)) => Some(hold.lease),
+                Ok(Vote::Granted(hold)) => Some(hold.lease),
                 _ => None,
             })
             .collect();
         if leases.len() >= quorum {
             if let Some(lease) = quorum_lease(start, Instant::now(), &leases) {
+                self.live.enter(token, &metadata);
                 let _ = verdict.send(Verdict::Keep);
                 return Ok(Attempt::Granted(Hold { fence: NO_FENCE, lease }));
             }
@@ -207,12 +224,28 @@ impl Store for RedlockBackend {
         let remaining = replies
             .iter()
             .filter_map(|r| match r {
-                Ok(Attempt::Busy { remaining, .. }) => Some(*remaining),
+                Ok(Vote::Busy(remaining)) => Some(*remaining),
                 _ => None,
             })
             .collect::<Vec<_>>();
         if leases.len() >= quorum || !remaining.is_empty() {
             return Ok(Attempt::Busy { fence: NO_FENCE, remaining: remaining.into_iter().flatten().min() });
+        }
+        let young: Vec<Duration> = replies
+            .iter()
+            .filter_map(|r| match r {
+                Ok(Vote::Young(age)) => Some(*age),
+                _ => None,
+            })
+            .collect();
+        if let Some(youngest) = young.iter().min() {
+            let what = format!(
+                "granted (and {} more that lost every key {youngest:?} ago or later: a restart without persistence or \
+                 a flush; such a server counts for a new holder once its lock state is as old as the ttl, \
+                 {ttl:?})",
+                young.len()
+            );
+            return Err(self.no_quorum(&what, leases.len(), replies));
         }
         Err(self.no_quorum("granted", leases.len(), replies))
     }
@@ -222,74 +255,19 @@ impl Store for RedlockBackend {
         Ok(None)
     }
 
-    /// Renewed when a quorum renewed; lost when so many servers no longer hold it that no quorum can. The
-    /// RENEW script only extends a record this token still has: a server that lost it is not given it back.
+    /// Renewed when a majority counts for the token: servers that renewed, and servers that lost every key
+    /// since and were given the lock again (renewal.rs). Wherever else the record is gone and the lock free (a
+    /// lapse while unreachable, a server busy at the grant), it is taken too, without counting. Lost when too
+    /// many servers do not count for a majority to be reached.
     async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
-        let shared = Arc::new(keys.clone());
-        let mut rx = self.ask_all(|server| {
-            let (keys, token) = (Arc::clone(&shared), token.clone());
-            async move { server.renew(&keys, &token, ttl).await }
-        });
-        let (n, quorum) = (self.servers.len(), self.quorum());
-        let decided = |r: &[Option<Result<bool, LockError>>]| {
-            count(r, |renewed| *renewed) >= quorum || count(r, |renewed| !*renewed) > n - quorum
-        };
-        let replies = self.collect(&mut rx, self.per_server(Some(ttl)), &keys.name, decided).await;
-        let renewed = replies.iter().filter(|r| matches!(r, Ok(true))).count();
-        if renewed >= quorum {
-            return Ok(true);
-        }
-        if replies.iter().filter(|r| matches!(r, Ok(false))).count() > n - quorum {
-            return Ok(false);
-        }
-        Err(self.no_quorum("renewed", renewed, replies))
+        let outcome = self.renew_round(&[Renewal { keys, token, ttl }]).await;
+        outcome.into_iter().next().unwrap_or(Ok(false))
     }
 
-    /// Each server renews the whole batch in its own round trip; each lock is then counted as
-    /// [`renew`](Self::renew) counts it.
+    /// Each server renews the whole batch in one round trip (and takes again, in one more, the locks whose
+    /// record it lost); each lock is then counted as [`renew`](Self::renew) counts it.
     async fn renew_many(&self, items: &[Renewal<'_>]) -> Result<Vec<Result<bool, LockError>>, LockError> {
-        let owned: Arc<[(LockKeys, LockToken, Duration)]> =
-            items.iter().map(|r| (r.keys.clone(), r.token.clone(), r.ttl)).collect();
-        let mut rx = self.ask_all(|server| {
-            let owned = Arc::clone(&owned);
-            async move {
-                let items: Vec<Renewal<'_>> =
-                    owned.iter().map(|(keys, token, ttl)| Renewal { keys, token, ttl: *ttl }).collect();
-                server.renew_many(&items).await
-            }
-        });
-        let (n, quorum) = (self.servers.len(), self.quorum());
-        let shortest = items.iter().map(|r| r.ttl).min();
-        let per_lock = |r: &[Option<BatchReply>], i: usize, want: bool| {
-            r.iter().filter(|s| matches!(s, Some(Ok(v)) if matches!(v.get(i), Some(Ok(b)) if *b == want))).count()
-        };
-        let decided = |r: &[Option<BatchReply>]| {
-            (0..items.len()).all(|i| per_lock(r, i, true) >= quorum || per_lock(r, i, false) > n - quorum)
-        };
-        let key = items.first().map_or("", |r| r.keys.name.as_str());
-        let replies = self.collect(&mut rx, self.per_server(shortest), key, decided).await;
-        let wrapped: Vec<Option<BatchReply>> = replies.into_iter().map(Some).collect();
-        Ok((0..items.len())
-            .map(|i| {
-                let renewed = per_lock(&wrapped, i, true);
-                if renewed >= quorum {
-                    return Ok(true);
-                }
-                if per_lock(&wrapped, i, false) > n - quorum {
-                    return Ok(false);
-                }
-                // This lock's own reply from each server: its outcome, or the server's error for the batch.
-                let mine = wrapped
-                    .iter()
-                    .flatten()
-                    .map(|s| match s {
-                        Ok(v) => v.get(i).map_or(Ok(false), |r| r.as_ref().map(|b| *b).map_err(clone_error)),
-                        Err(e) => Err(clone_error(e)),
-                    })
-                    .collect();
-                Err(self.no_quorum("renewed", renewed, mine))
-            })
-            .collect())
+        Ok(self.renew_round(items).await)
     }
 
     /// Released on every server; `Released` when a quorum released (the lock is then free), as soon as it
@@ -300,10 +278,15 @@ impl Store for RedlockBackend {
         token: &LockToken,
         keep: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
+        self.live.leave(token);
         let shared = Arc::new(keys.clone());
-        let mut rx = self.ask_all(|server| {
-            let (keys, token) = (Arc::clone(&shared), token.clone());
-            async move { server.release(&keys, &token, keep).await }
+        let mut rx = self.fan_out(|server, tx, i| {
+            let (keys, token, unfinished) = (Arc::clone(&shared), token.clone(), self.unfinished.clone());
+            async move {
+                // After this token's acquire or take on the server, if one is under way: never before it.
+                unfinished.over(i, &token).await;
+                let _ = tx.send((i, server.release(&keys, &token, keep).await));
+            }
         });
         let quorum = self.quorum();
         let decided =
@@ -312,6 +295,11 @@ impl Store for RedlockBackend {
         let released = replies.iter().filter(|r| matches!(r, Ok(ReleaseOutcome::Released))).count();
         if released >= quorum {
             return Ok(ReleaseOutcome::Released);
+        }
+        // A release sent again on a server that then found no trace of its first run: that run may have freed it.
+        let unconfirmed = replies.iter().filter(|r| matches!(r, Ok(ReleaseOutcome::Unconfirmed))).count();
+        if released + unconfirmed >= quorum {
+            return Ok(ReleaseOutcome::Unconfirmed);
         }
         if replies.iter().any(|r| matches!(r, Ok(ReleaseOutcome::TakenByOther))) {
             return Ok(ReleaseOutcome::TakenByOther);

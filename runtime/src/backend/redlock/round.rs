@@ -3,10 +3,10 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
 use super::RedlockBackend;
@@ -19,21 +19,49 @@ use crate::{LockError, LockToken};
 pub(super) type Reply<T> = (usize, Result<T, LockError>);
 
 /// The (server, token) pairs whose acquire call on that server is not over: its reply has not come, or the
-/// grant it made is still being given back.
+/// grant it made is still being given back. A renewal's take (renewal.rs) is such a call too.
 ///
 /// The engine retries a failed acquire with the same token, and a give-back is a release by that token: sent
 /// to a server after the next round's acquire there, it would delete the grant that round counted in its
 /// quorum. So a server whose previous call for the token is not over sits the next round out (a failed vote);
-/// the give-back, when it comes, then touches no grant a quorum relies on. No `Debug`: it holds tokens.
+/// the give-back, when it comes, then touches no grant a quorum relies on. The other way round, a release
+/// waits on each server for the token's call there to be over ([`over`](Self::over)), so that a grant or a
+/// take that reaches the server late cannot land after the release and stay for a lease. No `Debug`: it
+/// holds tokens.
 #[derive(Clone, Default)]
-pub(super) struct Unfinished(Arc<Mutex<HashSet<(usize, LockToken)>>>);
+pub(super) struct Unfinished(Arc<Calls>);
+
+/// The calls under way, and a wake-up for whoever waits for one to be over.
+#[derive(Default)]
+pub(super) struct Calls {
+    under_way: Mutex<HashSet<(usize, LockToken)>>,
+    over: Notify,
+}
 
 impl Unfinished {
     /// Marks server `i`'s call for `token` under way, unless one already is.
     pub(super) fn begin(&self, i: usize, token: &LockToken) -> Option<UnderWay> {
         let entry = (i, token.clone());
-        let fresh = self.0.lock().unwrap_or_else(PoisonError::into_inner).insert(entry.clone());
+        let fresh = self.set().insert(entry.clone());
         fresh.then(|| UnderWay { set: self.clone(), entry })
+    }
+
+    /// Once no call for `token` is under way on server `i` (at once, mostly).
+    pub(super) async fn over(&self, i: usize, token: &LockToken) {
+        let entry = (i, token.clone());
+        loop {
+            let ended = self.0.over.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if !self.set().contains(&entry) {
+                return;
+            }
+            ended.await;
+        }
+    }
+
+    fn set(&self) -> MutexGuard<'_, HashSet<(usize, LockToken)>> {
+        self.0.under_way.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -45,7 +73,8 @@ pub(super) struct UnderWay {
 
 impl Drop for UnderWay {
     fn drop(&mut self) {
-        self.set.0.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.entry);
+        self.set.set().remove(&self.entry);
+        self.set.0.over.notify_waiters();
     }
 }
 
@@ -132,6 +161,14 @@ impl RedlockBackend {
 /// How many servers replied with a value for which `yes` holds.
 pub(super) fn count<T>(replies: &[Option<Result<T, LockError>>], yes: impl Fn(&T) -> bool) -> usize {
     replies.iter().filter(|r| matches!(r, Some(Ok(t)) if yes(t))).count()
+}
+
+/// One server's reply for a batch of locks: each lock's, or the batch's error.
+pub(super) type Batch<T> = Result<Vec<Result<T, LockError>>, LockError>;
+
+/// How many servers replied, for lock `j` of a batch, with a value for which `yes` holds.
+pub(super) fn count_in<T>(replies: &[Option<Batch<T>>], j: usize, yes: impl Fn(&T) -> bool) -> usize {
+    replies.iter().filter(|s| matches!(s, Some(Ok(locks)) if matches!(locks.get(j), Some(Ok(t)) if yes(t)))).count()
 }
 
 /// A copy of a per-server error for one lock of a batch (the batch's error is shared by all of its locks).

@@ -57,8 +57,8 @@ local function run_batch(records, at, ops, a)
         a = t + 6
         code, fence, ms = slow().acquire(R, ARGV[t], ARGV[t + 1], ARGV[t + 2], ARGV[t + 3], ARGV[t + 4], ARGV[t + 5])
       elseif op == 112 then
-        a = t + 3
-        code, fence, ms = slow().acquire_plain(R, ARGV[t], ARGV[t + 1], ARGV[t + 2])
+        a = t + 4
+        code, fence, ms = slow().acquire_plain(R, ARGV[t], ARGV[t + 1], ARGV[t + 2], ARGV[t + 3])
       else
         -- Where its arguments end is unknown, so every operation from here on fails with it.
         a = #ARGV + 1
