@@ -359,14 +359,21 @@ async fn a_hung_primary_costs_the_healthy_shards_locks_nothing() {
             break;
         }
     }
+    // Taken together, so that their renewals come due together and go out in the same rounds.
+    let mut acquires = tokio::task::JoinSet::new();
+    for (key, primary) in keys {
+        let client = client.clone();
+        acquires.spawn(async move { (key.clone(), primary, client.lock(&key).ttl(TTL).acquire().await) });
+    }
     let mut healthy = Vec::new();
     let mut on_victim = Vec::new();
-    for (key, primary) in &keys {
-        let guard = client.lock(key).ttl(TTL).acquire().await.expect("a lock on every shard");
-        if *primary == victim {
+    while let Some(acquired) = acquires.join_next().await {
+        let (key, primary, guard) = acquired.expect("acquire task");
+        let guard = guard.expect("a lock on every shard");
+        if primary == victim {
             on_victim.push(guard);
         } else {
-            healthy.push((key.clone(), guard));
+            healthy.push((key, guard));
         }
     }
     let churn_keys: Vec<String> = (0..)
