@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use distlock::{Client, ReleaseOutcome, RetryStrategy};
 use distlock_tests::cluster::RedisCluster;
+use distlock_tests::renewals::{assert_on_schedule, renewed_again, RenewalWatch};
 use distlock_tests::sys::Stopped;
 use distlock_tests::{eventually, serial};
 use tokio::time::Instant;
@@ -398,30 +399,9 @@ async fn a_hung_primary_costs_the_healthy_shards_locks_nothing() {
             cycles
         }
     });
-    // Each healthy guard's renewals: the largest step of its deadline, and whether it was ever seen lost.
+    // Each healthy guard's renewals: never lost, and the largest step between two of them.
     let healthy = Arc::new(healthy);
-    let watch = tokio::spawn({
-        let (healthy, done) = (healthy.clone(), done.clone());
-        async move {
-            let mut last: Vec<Instant> = healthy.iter().map(|(_, g)| g.deadline()).collect();
-            let mut steps: Vec<Duration> = vec![Duration::ZERO; healthy.len()];
-            while !done.load(Ordering::Relaxed) {
-                for (i, (key, guard)) in healthy.iter().enumerate() {
-                    assert!(!guard.is_lost(), "the healthy-shard lock {key} was lost");
-                    let now = guard.deadline();
-                    if now > last[i] {
-                        steps[i] = steps[i].max(now - last[i]);
-                        last[i] = now;
-                    }
-                    // A renewal not yet made counts too: its step is at least this long already.
-                    let pending = (Instant::now() + TTL).saturating_duration_since(last[i]);
-                    steps[i] = steps[i].max(pending.saturating_sub(Duration::from_millis(50)));
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            steps
-        }
-    });
+    let watch = RenewalWatch::start(healthy.clone(), TTL);
 
     let pid = cluster.node(victim).and_then(|n| n.pid()).expect("victim pid");
     let stopped = Stopped::stop(pid);
@@ -447,22 +427,13 @@ async fn a_hung_primary_costs_the_healthy_shards_locks_nothing() {
     eprintln!("replica promoted {:?} after the SIGSTOP", stopped_at.elapsed());
     stopped.resume();
     // Two more renewal rounds of the healthy locks after the old primary came back.
-    let resumed = healthy.iter().map(|(_, g)| g.deadline()).min().expect("a healthy lock");
-    eventually(Duration::from_secs(10), "two more renewals of every healthy lock", || async {
-        healthy.iter().all(|(_, g)| g.deadline() >= resumed + 2 * TTL / 3)
-    })
-    .await;
+    renewed_again(&healthy, TTL, 2).await;
+    let steps = watch.finish().await;
     done.store(true, Ordering::Relaxed);
-    let steps = watch.await.expect("watch task");
     let cycles = churn.await.expect("churn task");
     eprintln!("healthy lock cycles: {cycles}; largest renewal steps: {steps:?}");
     assert!(cycles > 10, "the healthy shards barely ran: {cycles} cycles");
-    for ((key, _), step) in healthy.iter().zip(&steps) {
-        assert!(
-            *step <= TTL / 3 + Duration::from_millis(200),
-            "the healthy-shard lock {key} went {step:?} between renewals"
-        );
-    }
+    assert_on_schedule(&healthy, &steps, TTL);
     let healthy = Arc::into_inner(healthy).expect("the watcher is done");
     for (key, guard) in healthy {
         assert!(!guard.is_lost(), "the healthy-shard lock {key} was lost");
