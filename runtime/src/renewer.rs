@@ -1,8 +1,8 @@
 //! The watchdog: one scheduler per client renews every held lock a third of a lease after its last renewal.
-//! A held lock costs a queue entry, not a task; the renewals that come due together go out as one pipeline
-//! from one short task.
+//! A held lock costs a queue entry, not a task; the renewals that come due together go out from one short
+//! task, one pipeline per part of the store (a cluster's node), each applied as soon as it is answered.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::backend::{Renewal, Store};
-use crate::grant::{Grant, Lease, QueueKey};
+use crate::grant::{Grant, InFlight, Lease, QueueKey};
 use crate::observe;
 
 /// Schedules renewals for the grants of one client.
@@ -150,10 +150,14 @@ async fn run(strong: Arc<Shared>) {
     }
 }
 
-/// Renews the grants that came due together in one pipeline, then plans each one's next renewal.
+/// Renews the grants that came due together, then plans each one's next renewal: one pipeline per part of the
+/// store ([`Store::renewal_shard`]: a cluster's node), all at once, each part's outcomes applied as soon as it
+/// answers. In one pipeline across a cluster's nodes, a hung node held up the renewals the healthy nodes had
+/// already answered until its calls timed out and were retried, past their leases (issue 37).
 async fn renew_batch(grants: Vec<Arc<Grant>>, renewer: Weak<Shared>) {
     let sent = Instant::now();
-    let mut sending = Vec::with_capacity(grants.len());
+    let mut rounds: Vec<Vec<Sending<'_>>> = Vec::new();
+    let mut round_of: HashMap<u64, usize> = HashMap::new();
     for grant in &grants {
         let lease = grant.lease();
         if lease.lost {
@@ -169,9 +173,23 @@ async fn renew_batch(grants: Vec<Arc<Grant>>, renewer: Weak<Shared>) {
             continue;
         }
         if let Some(ticket) = grant.begin_renewal() {
-            sending.push((grant, lease, ticket));
+            let shard = grant.client.inner.backend.renewal_shard(&grant.keys);
+            let round = *round_of.entry(shard).or_insert_with(|| {
+                rounds.push(Vec::new());
+                rounds.len() - 1
+            });
+            rounds[round].push((grant, lease, ticket));
         }
     }
+    let renewer = &renewer;
+    futures_util::future::join_all(rounds.into_iter().map(|round| renew_round(round, sent, renewer))).await;
+}
+
+/// A grant whose renewal is being sent: its lease when it was sent, and the mark of its renewal in flight.
+type Sending<'a> = (&'a Arc<Grant>, Lease, InFlight<'a>);
+
+/// One pipeline of renewals (sent at `sent`), then each lock's outcome and next renewal.
+async fn renew_round(sending: Vec<Sending<'_>>, sent: Instant, renewer: &Weak<Shared>) {
     let Some(&(first, ..)) = sending.first() else { return };
     let items: Vec<Renewal<'_>> = sending
         .iter()

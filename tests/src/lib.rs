@@ -2,9 +2,9 @@
 //! test steps: [`RedisServer::with_stepped_clock`]), a [`Fixture`] that runs one behaviour suite against both
 //! backends, and the fault-injection harness: a TCP [`proxy`], process signals ([`sys`]), a lock holder in
 //! another process ([`agent`]), event logs and an overlap checker ([`events`]), a fenced store and a lost-update
-//! counter ([`store`]), `MONITOR` recording ([`monitor`]), captured `tracing` output ([`logs`]), a client
-//! runtime to freeze ([`stall`]), the [`checker`] users can run against their own Redis, and the randomized
-//! fault [`soak`]'s event log and history checker.
+//! counter ([`store`]), `MONITOR` recording ([`monitor`]), captured `tracing` output ([`logs`]), held locks'
+//! renewals watched from outside ([`renewals`]), a client runtime to freeze ([`stall`]), the [`checker`] users
+//! can run against their own Redis, and the randomized fault [`soak`]'s event log and history checker.
 
 pub mod agent;
 pub mod checker;
@@ -15,6 +15,7 @@ mod fixture;
 pub mod logs;
 pub mod monitor;
 pub mod proxy;
+pub mod renewals;
 pub mod sentinel;
 mod server;
 #[cfg(feature = "engine-test-features")]

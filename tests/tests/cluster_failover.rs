@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use distlock::{Client, ReleaseOutcome, RetryStrategy};
 use distlock_tests::cluster::RedisCluster;
+use distlock_tests::renewals::{assert_on_schedule, renewed_again, RenewalWatch};
 use distlock_tests::sys::Stopped;
 use distlock_tests::{eventually, serial};
 use tokio::time::Instant;
@@ -320,4 +321,123 @@ async fn a_waiter_hears_the_release_after_its_slot_migrated() {
     let waited = served.saturating_duration_since(released);
     assert!(waited < Duration::from_millis(500), "the waiter was served {waited:?} after the release");
     guard.release().await.expect("release");
+}
+
+/// Issue 37: a hung primary (SIGSTOP) costs the locks held on the other shards nothing. Locks with a 3 s lease
+/// on every shard of a 9-node cluster (replica acknowledgement on, so each renewal also waits for a `WAIT`),
+/// lock cycles on the healthy shards, one primary stopped until a replica takes its slots, then resumed:
+/// every healthy-shard guard stays valid, each is renewed on schedule (its deadline, which counts from the
+/// renewal's send, moves on by no more than ttl/3 + 200 ms at a time), and each releases `Released`.
+///
+/// What it found: the renewals that come due together went out as one round whose outcome waited for every
+/// node, so the healthy shards' renewals, answered at once, were applied only once the hung node's call had
+/// timed out and been retried — past their leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_primary_costs_the_healthy_shards_locks_nothing() {
+    const TTL: Duration = Duration::from_secs(3);
+    const LOCKS_PER_SHARD: usize = 3;
+    let _serial = serial().await;
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 2)).await.expect("cluster");
+    let client = Client::builder()
+        .redis_cluster(cluster.seeds())
+        .wait_for_replicas(1, Duration::from_millis(500))
+        .response_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .expect("cluster client");
+    let victim = cluster.primary_for(&client.record_key("hung:probe"));
+    let candidates = cluster.replicas_of(victim);
+    assert_eq!(candidates.len(), 2, "the victim's replicas");
+    // LOCKS_PER_SHARD keys on each of the three primaries.
+    let mut keys: Vec<(String, u16)> = Vec::new();
+    for i in 0.. {
+        let key = format!("hung:held-{i}");
+        let primary = cluster.primary_for(&client.record_key(&key));
+        if keys.iter().filter(|(_, p)| *p == primary).count() < LOCKS_PER_SHARD {
+            keys.push((key, primary));
+        }
+        if keys.len() == 3 * LOCKS_PER_SHARD {
+            break;
+        }
+    }
+    // Taken together, so that their renewals come due together and go out in the same rounds.
+    let mut acquires = tokio::task::JoinSet::new();
+    for (key, primary) in keys {
+        let client = client.clone();
+        acquires.spawn(async move { (key.clone(), primary, client.lock(&key).ttl(TTL).acquire().await) });
+    }
+    let mut healthy = Vec::new();
+    let mut on_victim = Vec::new();
+    while let Some(acquired) = acquires.join_next().await {
+        let (key, primary, guard) = acquired.expect("acquire task");
+        let guard = guard.expect("a lock on every shard");
+        if primary == victim {
+            on_victim.push(guard);
+        } else {
+            healthy.push((key, guard));
+        }
+    }
+    let churn_keys: Vec<String> = (0..)
+        .map(|i| format!("hung:churn-{i}"))
+        .filter(|k| cluster.primary_for(&client.record_key(k)) != victim)
+        .take(4)
+        .collect();
+
+    // Lock cycles on the healthy shards until the end.
+    let done = Arc::new(AtomicBool::new(false));
+    let churn = tokio::spawn({
+        let (client, done) = (client.clone(), done.clone());
+        async move {
+            let mut cycles = 0u32;
+            while !done.load(Ordering::Relaxed) {
+                let key = &churn_keys[cycles as usize % churn_keys.len()];
+                let guard = client.lock(key).acquire().await.expect("a lock on a healthy shard");
+                assert_eq!(guard.release().await.expect("release on a healthy shard"), ReleaseOutcome::Released);
+                cycles += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            cycles
+        }
+    });
+    // Each healthy guard's renewals: never lost, and the largest step between two of them.
+    let healthy = Arc::new(healthy);
+    let watch = RenewalWatch::start(healthy.clone(), TTL);
+
+    let pid = cluster.node(victim).and_then(|n| n.pid()).expect("victim pid");
+    let stopped = Stopped::stop(pid);
+    let stopped_at = Instant::now();
+    let promoted = tokio::task::spawn_blocking({
+        let ports = candidates.clone();
+        move || {
+            let primary = |port: u16| {
+                let out = std::process::Command::new("redis-cli")
+                    .args(["-h", "127.0.0.1", "-p", &port.to_string(), "ROLE"])
+                    .output()
+                    .expect("redis-cli");
+                String::from_utf8_lossy(&out.stdout).starts_with("master")
+            };
+            let deadline = std::time::Instant::now() + Duration::from_secs(15);
+            while !ports.iter().any(|&port| primary(port)) {
+                assert!(std::time::Instant::now() < deadline, "no replica was promoted within 15 s");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    });
+    promoted.await.expect("promotion");
+    eprintln!("replica promoted {:?} after the SIGSTOP", stopped_at.elapsed());
+    stopped.resume();
+    // Two more renewal rounds of the healthy locks after the old primary came back.
+    renewed_again(&healthy, TTL, 2).await;
+    let steps = watch.finish().await;
+    done.store(true, Ordering::Relaxed);
+    let cycles = churn.await.expect("churn task");
+    eprintln!("healthy lock cycles: {cycles}; largest renewal steps: {steps:?}");
+    assert!(cycles > 10, "the healthy shards barely ran: {cycles} cycles");
+    assert_on_schedule(&healthy, &steps, TTL);
+    let healthy = Arc::into_inner(healthy).expect("the watcher is done");
+    for (key, guard) in healthy {
+        assert!(!guard.is_lost(), "the healthy-shard lock {key} was lost");
+        assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released, "{key}");
+    }
+    drop(on_victim);
 }

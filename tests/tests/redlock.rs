@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use distlock::{Client, LockError, ReleaseOutcome};
 use distlock_tests::monitor::Monitor;
+use distlock_tests::renewals::{assert_on_schedule, renewed_again, RenewalWatch};
 use distlock_tests::sys::Stopped;
 use distlock_tests::time::{ms, secs};
 use distlock_tests::{busy_for_outsiders, eventually, within, Fixture, RedisServer};
@@ -501,4 +502,45 @@ async fn s31_4_a_release_that_missed_a_server_then_one_restart_gives_no_second_h
     assert!(!x_guard.is_lost(), "X lost the lock");
     assert_eq!(x_guard.release().await.expect("X's release"), ReleaseOutcome::Released);
     drop(proxy_c);
+}
+
+/// Issue 37 on Redlock: one server of three hung (SIGSTOP) for 3 s, a whole lease, while locks with a 3 s
+/// lease are held: the other two keep their majority, so every guard stays valid, each is renewed on schedule
+/// (no step between renewals over ttl/3 + 200 ms), and each releases `Released` once the server is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_server_costs_the_held_locks_nothing() {
+    let ttl = secs(3);
+    let _serial = distlock_tests::serial().await;
+    let fixture = Fixture::redlock().await;
+    let client = client_with_response_timeout(&fixture, secs(1)).await;
+    let servers: Vec<&RedisServer> = fixture.redlock_servers().collect();
+    // Taken together, so that their renewals go out in the same rounds.
+    let mut acquires = tokio::task::JoinSet::new();
+    for i in 0..6 {
+        let client = client.clone();
+        acquires.spawn(async move {
+            let key = format!("hung-server:{i}");
+            let guard = client.lock(&key).ttl(ttl).acquire().await.expect("acquire");
+            (key, guard)
+        });
+    }
+    let mut held = Vec::new();
+    while let Some(acquired) = acquires.join_next().await {
+        held.push(acquired.expect("acquire task"));
+    }
+    let held = std::sync::Arc::new(held);
+    let watch = RenewalWatch::start(held.clone(), ttl);
+    let hung = Stopped::stop(servers[0].pid().expect("pid"));
+    // A whole lease: the locks outlive it only through renewals by the other two servers.
+    tokio::time::sleep(ttl).await;
+    hung.resume();
+    renewed_again(&held, ttl, 2).await;
+    let steps = watch.finish().await;
+    eprintln!("redlock, one of three hung for {ttl:?}: largest renewal steps {steps:?}");
+    assert_on_schedule(&held, &steps, ttl);
+    let held = std::sync::Arc::into_inner(held).expect("the watch is done");
+    for (key, guard) in held {
+        assert!(!guard.is_lost(), "the lock {key} was lost");
+        assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released, "{key}");
+    }
 }

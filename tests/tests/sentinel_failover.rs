@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
-use distlock::Client;
+use distlock::{Client, ReleaseOutcome};
 use distlock_tests::sentinel::{SentinelGroup, SERVICE};
+use distlock_tests::sys::Stopped;
 use distlock_tests::{eventually, RedisServer};
 use tokio::time::Instant;
 
@@ -141,4 +142,56 @@ async fn a_primary_that_needs_a_password_is_reached_with_sentinel_primary_passwo
         .expect_err("not sentinel");
     assert!(matches!(elsewhere, distlock::LockError::InvalidConfig(_)), "{elsewhere:?}");
     assert!(!elsewhere.to_string().contains(PASSWORD), "{elsewhere}");
+}
+
+/// Issue 37 behind Sentinel: one primary holds every lock, so a hung one (SIGSTOP) holds up all their renewals
+/// until the sentinels switch; no lock outlives that but by its lease. With a lease longer than the switch
+/// (9 s: renewed every 3 s), every guard stays valid through it, is renewed on the promoted replica soon after
+/// the switch, and releases `Released` after the old primary is resumed (as a replica, or still believing
+/// itself the primary until the sentinels demote it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_primary_s_locks_with_a_lease_longer_than_the_switch_stay_valid() {
+    const TTL: Duration = Duration::from_secs(9);
+    let group = SentinelGroup::start(2).await;
+    let client = Client::builder()
+        .redis_sentinel(group.sentinel_urls(), SERVICE)
+        .wait_for_replicas(1, Duration::from_millis(500))
+        .response_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .expect("client through the sentinels");
+    let mut held = Vec::new();
+    for i in 0..4 {
+        let key = format!("sentinel:hung-{i}");
+        let guard = client.lock(&key).ttl(TTL).acquire().await.expect("acquire");
+        held.push((key, guard));
+    }
+    let old = group.primary_port().await.expect("a primary");
+    let pid = group.servers.iter().find(|s| s.port() == old).and_then(|s| s.pid()).expect("the primary's pid");
+    let hung = Stopped::stop(pid);
+    let stopped_at = Instant::now();
+    eventually(Duration::from_secs(20), "the sentinels switched the primary", || async {
+        group.primary_port().await.is_some_and(|port| port != old)
+    })
+    .await;
+    let switched_at = Instant::now();
+    eprintln!("primary switched {:?} after the SIGSTOP", switched_at - stopped_at);
+    // Every lock renewed on the new primary: its deadline past any the old primary could have given.
+    let before = held.iter().map(|(_, g)| g.deadline()).max().expect("a lock");
+    eventually(Duration::from_secs(10), "every lock renewed after the switch", || async {
+        held.iter().all(|(key, g)| {
+            assert!(!g.is_lost(), "the lock {key} was lost");
+            g.deadline() > before
+        })
+    })
+    .await;
+    let renewed = switched_at.elapsed();
+    eprintln!("every lock renewed {renewed:?} after the switch");
+    assert!(renewed < Duration::from_secs(4), "the locks were renewed only {renewed:?} after the switch");
+    hung.resume();
+    distlock_tests::renewals::renewed_again(&held, TTL, 1).await;
+    for (key, guard) in held {
+        assert!(!guard.is_lost(), "the lock {key} was lost");
+        assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released, "{key}");
+    }
 }

@@ -251,6 +251,10 @@ impl Store for Backend {
         timed!("renew", dispatch!(self, b => b.renew(keys, token, ttl).await))
     }
 
+    fn renewal_shard(&self, keys: &LockKeys) -> u64 {
+        dispatch!(self, b => b.renewal_shard(keys))
+    }
+
     async fn renew_many(&self, items: &[Renewal<'_>]) -> Result<Vec<Result<bool, LockError>>, LockError> {
         timed!("renew_many", dispatch!(self, b => b.renew_many(items).await))
     }

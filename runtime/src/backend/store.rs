@@ -79,6 +79,14 @@ pub(crate) trait Store {
     /// Sets the lease to `ttl` from now if `token` still owns the lock; false when it does not.
     async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError>;
 
+    /// Which independently failing part of the store serves `keys` (a cluster's node): the renewer sends each
+    /// part's due renewals in a [`renew_many`](Store::renew_many) of their own and applies each one's outcomes
+    /// when it is answered, so one part that hangs delays no other part's locks. One part (0) by default.
+    fn renewal_shard(&self, keys: &LockKeys) -> u64 {
+        let _ = keys;
+        0
+    }
+
     /// Renews many locks at once (one round trip where the store can); one outcome per item, in order.
     async fn renew_many(&self, items: &[Renewal<'_>]) -> Result<Vec<Result<bool, LockError>>, LockError> {
         let mut outcomes = Vec::with_capacity(items.len());

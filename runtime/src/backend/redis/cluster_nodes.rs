@@ -54,6 +54,17 @@ impl NodeMap {
         last.map(|(_, nodes)| nodes)
     }
 
+    /// The node that serves `record`'s slot in the last map fetched, without fetching one; without a map (or
+    /// for a slot it has no node for), the slot, numbered past every node index.
+    pub(super) fn shard_of(&self, record: &str) -> u64 {
+        let slot = slot_of(record);
+        let last = self.map.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|(_, nodes)| nodes[slot]);
+        match last {
+            Some(node) if node != UNSERVED => u64::from(node),
+            _ => (1 << 16) + slot as u64,
+        }
+    }
+
     /// A slot moved: the next caller fetches the map again.
     fn forget(&self) {
         *self.map.lock().unwrap_or_else(PoisonError::into_inner) = None;

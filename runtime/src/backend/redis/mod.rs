@@ -340,6 +340,15 @@ impl Store for RedisBackend {
         Ok(renewed)
     }
 
+    /// On a cluster, the node that serves the lock's slot in the last slot map fetched (its slot, numbered past
+    /// every node, when there is none): a node that hangs then holds up only its own locks' renewals.
+    fn renewal_shard(&self, keys: &LockKeys) -> u64 {
+        if !self.commands.is_cluster() {
+            return 0;
+        }
+        self.node_map.shard_of(&keys.record)
+    }
+
     /// The renewals in one round trip: one RENEW_MANY call per [`RENEWALS_PER_CALL`] locks, pipelined; if the
     /// server lost its script cache, once more as EVAL.
     async fn renew_many(&self, items: &[Renewal<'_>]) -> Result<Vec<Result<bool, LockError>>, LockError> {
