@@ -159,6 +159,9 @@ impl Client {
     ///   its guard then reads as lost ([`LockGuard::lost`](crate::LockGuard::lost) resolves, a lock body is
     ///   dropped with [`LockError::Lost`]). Until then it may still act as the holder: pass fencing tokens to
     ///   the storage it writes to.
+    /// - A value at the lock's key that distlock did not write (another program's data under the key prefix,
+    ///   which makes every request for the lock fail with an error saying so) is deleted too, with a WARN
+    ///   event naming the key; this returns true.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {

@@ -228,6 +228,8 @@ fn hint_for(e: &redis::RedisError, server: &str) -> String {
         } else {
             "the server requires a password: give it in the URL, redis://:PASSWORD@HOST:PORT/ (the default user) or redis://USER:PASSWORD@HOST:PORT/ (an ACL user)"
         }
+    } else if is_foreign(e) {
+        "the lock's key holds a value distlock did not write (another program's data under distlock's key prefix): delete it (Client::force_unlock deletes it, as does `distlock release`), or give distlock a key prefix of its own (ClientBuilder::key_prefix)"
     } else if is_permission_error(e) {
         "the Redis user lacks a permission (NOPERM): grant the ACL rights of the README's least-privilege user (EVALSHA and the commands its scripts call, on the key prefix; SUBSCRIBE, or on a cluster SSUBSCRIBE, on its channels)"
     } else {
@@ -291,6 +293,14 @@ pub(crate) fn mask_tokens(text: &str) -> std::borrow::Cow<'_, str> {
 // The server's error is part of the message, so it is not also a `source` (thiserror's convention: a cause is
 // either in the message or in the chain, never both).
 impl std::error::Error for BackendError {}
+
+/// A value at a lock's key that distlock did not write: the scripts' FOREIGN error, or WRONGTYPE (not a string).
+fn is_foreign(e: &redis::RedisError) -> bool {
+    matches!(e.code(), Some("FOREIGN" | "WRONGTYPE")) || {
+        let text = e.to_string();
+        text.contains("FOREIGN the value at") || text.contains("WRONGTYPE")
+    }
+}
 
 /// NOPERM, also when a command inside a script was refused (Redis reports that as a plain script error).
 fn is_permission_error(e: &redis::RedisError) -> bool {
@@ -380,7 +390,10 @@ mod tests {
         assert_eq!(redact_url("redis://:p@ss/w%rd:x?y#z@127.0.0.1/"), "redis://:***@127.0.0.1/");
         assert_eq!(redact_url("redis://:hunter#2@127.0.0.1:6602/"), "redis://:***@127.0.0.1:6602/");
         assert_eq!(redact_url("redis+unix:///tmp/r.sock?pass=WRONG-SECRET"), "redis+unix:///tmp/r.sock?pass=***");
-        assert_eq!(redact_url("redis+unix:///tmp/r.sock?db=1&user=u&pass=a&b#c"), "redis+unix:///tmp/r.sock?db=1&user=u&pass=***");
+        assert_eq!(
+            redact_url("redis+unix:///tmp/r.sock?db=1&user=u&pass=a&b#c"),
+            "redis+unix:///tmp/r.sock?db=1&user=u&pass=***"
+        );
         assert_eq!(redact_url("unix:///tmp/r.sock?password=s"), "unix:///tmp/r.sock?password=***");
         assert_eq!(redact_url("redis+unix:///tmp/bypass=x.sock"), "redis+unix:///tmp/bypass=x.sock");
     }

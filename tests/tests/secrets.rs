@@ -35,3 +35,32 @@ async fn a_server_error_echoing_script_arguments_shows_no_whole_token() {
         assert!(!has_whole_token(&format!("{line:?}")), "a token in the log: {line:?}");
     }
 }
+
+/// Issue 36, defect 5: another program's value at a lock's key. Every request for the lock fails with an error
+/// that names the key, says distlock did not write the value, and how to clear it; nothing says an ACL refused
+/// anything, and `lock_info`'s message has no stray `"the":`. `force_unlock` deletes it and says so (WARN).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_data_at_a_lock_s_key_gives_an_error_that_says_so() {
+    let logs = distlock_tests::logs::capture();
+    let server = RedisServer::new();
+    let client = Client::builder().redis(server.url()).build().await.expect("client");
+    let mut conn = server.connection().await;
+    let (string, list) = (client.record_key("foreign:string"), client.record_key("foreign:list"));
+    let () = redis::cmd("SET").arg(&string).arg("hello").query_async(&mut conn).await.unwrap();
+    let _: i64 = redis::cmd("RPUSH").arg(&list).arg("a").query_async(&mut conn).await.unwrap();
+    for key in ["foreign:string", "foreign:list"] {
+        let acquired = client.lock(key).acquire().await.expect_err("another program's value is no lock");
+        let info = client.lock_info(key).await.expect_err("another program's value is no lock");
+        for error in [acquired.to_string(), info.to_string()] {
+            assert!(error.contains(&format!("`{key}`")), "the key is not named: {error}");
+            assert!(error.contains("distlock did not write"), "{error}");
+            assert!(error.contains("force_unlock") && error.contains("key_prefix"), "no way out: {error}");
+            assert!(!error.contains("ACL") && !error.contains("\"the\":"), "{error}");
+        }
+        assert!(client.force_unlock(key).await.expect("force_unlock"), "the value was there");
+        let warned = logs.matching(tracing::Level::WARN, &["did not write"]);
+        assert!(warned.iter().any(|line| format!("{line:?}").contains(key)), "force_unlock deleted it silently");
+        let guard = client.lock(key).acquire().await.expect("the lock works once the value is gone");
+        guard.release().await.expect("release");
+    }
+}
