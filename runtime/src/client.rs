@@ -145,6 +145,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub async fn lock_info(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        crate::request::check_key(key)?;
         self.inner.backend.info(&self.keys(key)).await
     }
 
@@ -172,6 +173,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
+        crate::request::check_key(key)?;
         let deleted = self.inner.backend.force_unlock(&self.keys(key)).await?;
         tracing::info!(key, deleted, "distlock: force unlock");
         Ok(deleted)
