@@ -90,12 +90,40 @@ pub(crate) fn fence(token: u64) -> String {
     }
 }
 
-/// `text` with control characters (escape sequences, newlines) shown escaped.
+/// `text` with control characters (escape sequences, newlines) and invisible or direction-changing ones shown
+/// escaped, so that no text can drive the terminal or read as something else (`evil\u{202e}nimda` shows its
+/// U+202E instead of reading as "…admin").
 pub(crate) fn printable(text: &str) -> String {
-    if !text.chars().any(char::is_control) {
+    if !text.chars().any(needs_escape) {
         return text.to_owned();
     }
-    text.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
+    text.chars()
+        .map(|c| match c {
+            c if c.is_control() => c.escape_default().to_string(),
+            c if needs_escape(c) => c.escape_unicode().to_string(),
+            c => c.to_string(),
+        })
+        .collect()
+}
+
+/// Control characters, and the format characters (Unicode category Cf) that change direction or show nothing:
+/// the bidirectional marks, embeddings, overrides and isolates, zero-width characters, invisible operators,
+/// the byte-order mark, interlinear annotations and tags.
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{00ad}'
+                | '\u{061c}'
+                | '\u{180e}'
+                | '\u{200b}'..='\u{200f}'
+                | '\u{202a}'..='\u{202e}'
+                | '\u{2060}'..='\u{2064}'
+                | '\u{2066}'..='\u{206f}'
+                | '\u{feff}'
+                | '\u{fff9}'..='\u{fffb}'
+                | '\u{e0000}'..='\u{e007f}'
+        )
 }
 
 /// `850ms`, `12.3s`, `4m05s`, `2h03m`, `3d04h`.
@@ -123,6 +151,10 @@ mod tests {
         }
         assert_eq!(printable("a\x1b[2Jb\n"), "a\\u{1b}[2Jb\\n");
         assert_eq!(printable("plain é"), "plain é");
+        // Issue 36: direction-changing and invisible characters are escaped as control characters are.
+        assert_eq!(printable("evil\u{202E}nimda"), "evil\\u{202e}nimda");
+        assert_eq!(printable("a\u{200B}b\u{2066}c\u{feff}"), "a\\u{200b}b\\u{2066}c\\u{feff}");
+        assert_eq!(printable("עברית and العربية"), "עברית and العربية", "right-to-left letters themselves are text");
         assert_eq!(fence(0), "-");
     }
 }

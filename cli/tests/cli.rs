@@ -389,3 +389,56 @@ async fn watch_fits_the_terminal() {
     assert_eq!(rows, 6, "{text}");
     assert!(text.contains("… and 14 more"), "{text}");
 }
+
+/// Issue 36: owners and metadata with direction-changing or invisible characters are shown escaped by `ls` and
+/// `show`, as control characters are, so `evil\u{202E}nimda` cannot read as "…admin".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invisible_and_direction_changing_characters_are_escaped() {
+    let server = RedisServer::new();
+    let url = server.url();
+    let holder = client(&url, "evil\u{202E}nimda").await;
+    let _guard = holder.lock("job\u{200B}").ttl(TTL).metadata("zero\u{200B}width").acquire().await.unwrap();
+    for args in [vec!["--url", url.as_str(), "ls"], vec!["--url", url.as_str(), "show", "job\u{200B}"]] {
+        let shown = distlock(&args, None).await;
+        assert_exit(&shown, 0);
+        let text = stdout(&shown);
+        assert!(text.contains("evil\\u{202e}nimda"), "{args:?}: {text}");
+        assert!(!text.contains('\u{202E}') && !text.contains('\u{200B}'), "{args:?} printed them raw: {text:?}");
+    }
+}
+
+/// Issue 36: a wrong password in every URL form, also with `@ / % : ? #` in it, is never echoed: not in the
+/// error line, from `--url` or from `$REDIS_URL`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_in_any_url_form_is_never_echoed() {
+    let server = RedisServer::with_password("right-password");
+    let port = server.port();
+    let socket = server.unix_socket();
+    let socket = socket.display();
+    let secrets = ["WRONG-SECRET", "hunter2?x", "p@ss/w%rd:x?y#z", "hunter#2", "ab%3Fcd%23ef"];
+    let urls = [
+        format!("redis+unix://{socket}?pass={}", secrets[0]),
+        format!("redis://:{}@127.0.0.1:{port}/", secrets[1]),
+        format!("redis://:{}@127.0.0.1:{port}/", secrets[2]),
+        format!("redis://user:{}@127.0.0.1:{port}/", secrets[3]),
+        format!("redis://:{}@127.0.0.1:{port}/", secrets[4]),
+    ];
+    for (url, secret) in urls.iter().zip(secrets) {
+        for from_env in [false, true] {
+            let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_distlock"));
+            if from_env {
+                cmd.arg("ls").env("REDIS_URL", url);
+            } else {
+                cmd.args(["--url", url, "ls"]).env_remove("REDIS_URL");
+            }
+            cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            let output = tokio::time::timeout(Duration::from_secs(60), cmd.output()).await.expect("hung").expect("run");
+            let text = format!("{}{}", stdout(&output), stderr(&output));
+            assert!(!output.status.success(), "{url}: accepted a wrong password");
+            for piece in secret.as_bytes().windows(4) {
+                let piece = String::from_utf8_lossy(piece);
+                assert!(!text.contains(piece.as_ref()), "{url} (env: {from_env}): `{piece}` of the password in {text}");
+            }
+        }
+    }
+}

@@ -75,6 +75,13 @@ pub(crate) async fn acquire_all(mut request: LockRequest) -> Result<LockGuard, L
             continue;
         }
         let wait = deadline.map_or(request.wait, |d| d.saturating_duration_since(Instant::now()));
+        // A wait bounds the whole request, however many keys: once it has run out, a later key is not tried
+        // (each try is a round trip), and the request fails as a busy key's would. (Without a wait, as from
+        // try_acquire, every key gets its one attempt.)
+        if wait.is_zero() && !request.wait.is_zero() && guard.has_any() {
+            let ran_out = LockError::NotObtained { key: name, waited: started.elapsed(), holder: None };
+            return Err(abandon_partial(guard, ran_out, started).await);
+        }
         match acquire(&request, name, wait).await {
             Ok(grant) => guard.push(grant),
             Err(e) => return Err(abandon_partial(guard, e, started).await),

@@ -145,6 +145,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub async fn lock_info(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        crate::request::check_key(key)?;
         self.inner.backend.info(&self.keys(key)).await
     }
 
@@ -159,6 +160,9 @@ impl Client {
     ///   its guard then reads as lost ([`LockGuard::lost`](crate::LockGuard::lost) resolves, a lock body is
     ///   dropped with [`LockError::Lost`]). Until then it may still act as the holder: pass fencing tokens to
     ///   the storage it writes to.
+    /// - A value at the lock's key that distlock did not write (another program's data under the key prefix,
+    ///   which makes every request for the lock fail with an error saying so) is deleted too, with a WARN
+    ///   event naming the key; this returns true.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
@@ -169,6 +173,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
+        crate::request::check_key(key)?;
         let deleted = self.inner.backend.force_unlock(&self.keys(key)).await?;
         tracing::info!(key, deleted, "distlock: force unlock");
         Ok(deleted)

@@ -143,7 +143,7 @@ impl LockError {
 ///
 /// Its message holds the server's own error text; it has no further [`source`](std::error::Error::source), so
 /// a printer of the whole chain (anyhow's `{:#}`) shows each cause once.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct BackendError {
     key: Option<String>,
     server: String,
@@ -198,6 +198,11 @@ impl BackendError {
 /// How a Sentinel store names itself in messages: "service `<name>` via sentinels <urls>".
 pub(crate) const SENTINEL_SERVICE: &str = "service `";
 
+/// Whether `server` (a redacted URL) is a unix socket's, whose password goes in the query, not the userinfo.
+fn is_socket(server: &str) -> bool {
+    server.starts_with("redis+unix://") || server.starts_with("unix://")
+}
+
 fn is_auth_error(e: &redis::RedisError) -> bool {
     e.code() == Some("NOAUTH")
         || e.code() == Some("WRONGPASS")
@@ -213,6 +218,8 @@ fn hint_for(e: &redis::RedisError, server: &str) -> String {
         "could not reach the server: check that redis-server is running and the URL (host, port, TLS) is right"
     } else if server.starts_with(SENTINEL_SERVICE) && is_auth_error(e) {
         "the primary or the sentinels require a password (or refused the one given): give the sentinels' in their URLs (redis://:PASSWORD@HOST:PORT/), the primary's with ClientBuilder::sentinel_primary_password"
+    } else if is_socket(server) && is_auth_error(e) {
+        "the server requires a password, or refused the one given: give it in the socket URL's query, redis+unix:///PATH/TO/SOCKET?pass=PASSWORD (and &user=USER for an ACL user), special characters percent-encoded"
     } else if e.code() == Some("NOAUTH") || e.to_string().contains("NOAUTH") {
         "the server requires a password: give it in the URL, redis://:PASSWORD@HOST:PORT/ (the default user) or redis://USER:PASSWORD@HOST:PORT/ (an ACL user), with special characters percent-encoded"
     } else if matches!(e.kind(), redis::ErrorKind::AuthenticationFailed) || e.code() == Some("WRONGPASS") {
@@ -221,6 +228,8 @@ fn hint_for(e: &redis::RedisError, server: &str) -> String {
         } else {
             "the server requires a password: give it in the URL, redis://:PASSWORD@HOST:PORT/ (the default user) or redis://USER:PASSWORD@HOST:PORT/ (an ACL user)"
         }
+    } else if is_foreign(e) {
+        "the lock's key holds a value distlock did not write (another program's data under distlock's key prefix): delete it (Client::force_unlock deletes it, as does `distlock release`), or give distlock a key prefix of its own (ClientBuilder::key_prefix)"
     } else if is_permission_error(e) {
         "the Redis user lacks a permission (NOPERM): grant the ACL rights of the README's least-privilege user (EVALSHA and the commands its scripts call, on the key prefix; SUBSCRIBE, or on a cluster SSUBSCRIBE, on its channels)"
     } else {
@@ -231,18 +240,67 @@ fn hint_for(e: &redis::RedisError, server: &str) -> String {
 
 impl fmt::Display for BackendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The server's text may echo a command's arguments, a lock token among them ("unknown command 'EVALSHA',
+        // with args beginning with: …"): masked, as everywhere a token is shown.
+        let source = self.source.to_string();
+        let source = mask_tokens(&source);
         match &self.key {
-            Some(key) => {
-                write!(f, "redis call for lock `{key}` at {} failed: {}; {}", self.server, self.source, self.hint)
-            }
-            None => write!(f, "redis at {} failed: {}; {}", self.server, self.source, self.hint),
+            Some(key) => write!(f, "redis call for lock `{key}` at {} failed: {source}; {}", self.server, self.hint),
+            None => write!(f, "redis at {} failed: {source}; {}", self.server, self.hint),
         }
     }
+}
+
+impl fmt::Debug for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackendError")
+            .field("key", &self.key)
+            .field("server", &self.server)
+            .field("hint", &self.hint)
+            .field("source", &mask_tokens(&format!("{:?}", self.source)))
+            .finish()
+    }
+}
+
+/// `text` with every lock token in it (a run of exactly 32 hex digits) cut to its first 8 and `…`, as
+/// [`LockToken`](crate::LockToken)'s `Display` shows one. Script hashes (40 digits) are left whole.
+pub(crate) fn mask_tokens(text: &str) -> std::borrow::Cow<'_, str> {
+    let len = crate::token::TOKEN_LEN;
+    let bytes = text.as_bytes();
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let run = bytes[i..].iter().take_while(|b| b.is_ascii_hexdigit()).count();
+        if run == len {
+            runs.push(i);
+        }
+        i += run.max(1);
+    }
+    if runs.is_empty() {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut from = 0;
+    for at in runs {
+        out.push_str(&text[from..at + 8]);
+        out.push('…');
+        from = at + len;
+    }
+    out.push_str(&text[from..]);
+    out.into()
 }
 
 // The server's error is part of the message, so it is not also a `source` (thiserror's convention: a cause is
 // either in the message or in the chain, never both).
 impl std::error::Error for BackendError {}
+
+/// A value at a lock's key that distlock did not write: the scripts' FOREIGN error, or WRONGTYPE (not a string).
+fn is_foreign(e: &redis::RedisError) -> bool {
+    matches!(e.code(), Some("FOREIGN" | "WRONGTYPE")) || {
+        let text = e.to_string();
+        text.contains("FOREIGN the value at") || text.contains("WRONGTYPE")
+    }
+}
 
 /// NOPERM, also when a command inside a script was refused (Redis reports that as a plain script error).
 fn is_permission_error(e: &redis::RedisError) -> bool {
@@ -252,21 +310,45 @@ fn is_permission_error(e: &redis::RedisError) -> bool {
     }
 }
 
-/// `scheme://user:secret@host/` → `scheme://user:***@host/`; URLs without a password are returned unchanged.
+/// A URL as messages may show it, with every password hidden, whatever its form and however it was typed:
+/// - everything before the URL's last `@` after `scheme://` may be a password (one holding an unencoded `@`,
+///   `/`, `?` or `#` ends where the redis crate's parser does not expect it), so it becomes `***`, after the
+///   user name when one plainly stands before a `:` (`scheme://user:***@host/`). A name without a `:`
+///   (`redis://secret@host`) is read by some clients as a password: hidden too;
+/// - a socket URL's password is a query value (`redis+unix:///path?pass=…`): it and everything after it
+///   become `***` (an unencoded `&` or `#` in it would end it early);
+/// - a URL without a password is returned unchanged.
 pub(crate) fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else { return url.to_owned() };
-    let rest = &url[scheme_end + 3..];
-    // Up to the query or fragment, not the first '/': a password may hold an unencoded '/' (the URL is then
-    // invalid, and its error message must not show it either).
-    let authority_end = rest.find(['?', '#']).unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else { return url.to_owned() };
-    let userinfo = &rest[..at];
-    let user = match userinfo.find(':') {
-        Some(colon) => &userinfo[..colon],
-        // `redis://secret@host` is read by some clients as a password: hide it too.
-        None => "",
+    let (head, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        None => ("", url),
     };
-    format!("{}{}:***{}", &url[..scheme_end + 3], user, &rest[at..])
+    let mut shown = match rest.rfind('@') {
+        Some(at) => {
+            let userinfo = &rest[..at];
+            let user = match userinfo.split_once(':') {
+                Some((user, _)) if !user.contains(['/', '?', '#', '@']) => user,
+                _ => "",
+            };
+            format!("{head}{user}:***{}", &rest[at..])
+        }
+        None => url.to_owned(),
+    };
+    if let Some(at) = secret_query_value(&shown) {
+        shown.replace_range(at.., "***");
+    }
+    shown
+}
+
+/// Where the value of a `pass=` or `password=` query parameter starts in `url`, if it has one.
+fn secret_query_value(url: &str) -> Option<usize> {
+    let query = url.find('?')?;
+    ["pass=", "password="].iter().find_map(|name| {
+        url[query..].match_indices(name).find_map(|(i, _)| {
+            let at = query + i;
+            matches!(url.as_bytes()[at - 1], b'?' | b'&').then_some(at + name.len())
+        })
+    })
 }
 
 #[cfg(test)]
@@ -283,5 +365,36 @@ mod tests {
         assert_eq!(redact_url("not a url"), "not a url");
         assert_eq!(redact_url("redis://u:pa/ss@h/0"), "redis://u:***@h/0");
         assert_eq!(redact_url("redis://:pw@h/0?protocol=resp3#insecure"), "redis://:***@h/0?protocol=resp3#insecure");
+        assert_eq!(redact_url("rediss://h/#insecure"), "rediss://h/#insecure");
+    }
+
+    /// Issue 36: a token echoed by the server is cut to 8 digits; a script's 40-digit hash is not a token.
+    #[test]
+    fn tokens_in_server_texts_are_masked() {
+        let token = "c1d9a0b1c2d3e4f5a6b7c8d9e0f1a29e";
+        let sha = "f7951a201c5e8236edbc4983baa8bcb7671f051d";
+        let text = format!("unknown command 'EVALSHA', with args beginning with: '{sha}' '1' 'k' '{token}' ");
+        let masked = super::mask_tokens(&text);
+        assert!(!masked.contains(token) && masked.contains("'c1d9a0b1…'") && masked.contains(sha), "{masked}");
+        assert_eq!(super::mask_tokens("no token here"), "no token here");
+        let two = format!("{token}:{token}x");
+        assert_eq!(super::mask_tokens(&two), "c1d9a0b1…:c1d9a0b1…x");
+        let longer = format!("{token}0");
+        assert_eq!(super::mask_tokens(&longer), longer, "33 digits are not a token");
+    }
+
+    /// Issue 36: a password with an unencoded `?` or `#`, and a socket URL's `pass=`, are hidden whole.
+    #[test]
+    fn redacts_passwords_the_parser_would_cut_short() {
+        assert_eq!(redact_url("redis://:hunter2?x@127.0.0.1:6602/"), "redis://:***@127.0.0.1:6602/");
+        assert_eq!(redact_url("redis://:p@ss/w%rd:x?y#z@127.0.0.1/"), "redis://:***@127.0.0.1/");
+        assert_eq!(redact_url("redis://:hunter#2@127.0.0.1:6602/"), "redis://:***@127.0.0.1:6602/");
+        assert_eq!(redact_url("redis+unix:///tmp/r.sock?pass=WRONG-SECRET"), "redis+unix:///tmp/r.sock?pass=***");
+        assert_eq!(
+            redact_url("redis+unix:///tmp/r.sock?db=1&user=u&pass=a&b#c"),
+            "redis+unix:///tmp/r.sock?db=1&user=u&pass=***"
+        );
+        assert_eq!(redact_url("unix:///tmp/r.sock?password=s"), "unix:///tmp/r.sock?password=***");
+        assert_eq!(redact_url("redis+unix:///tmp/bypass=x.sock"), "redis+unix:///tmp/bypass=x.sock");
     }
 }

@@ -130,6 +130,11 @@ impl LockGuard {
         self.parts.iter().all(|p| p.nested)
     }
 
+    /// Whether this guard has any key yet (taken or nested).
+    pub(crate) fn has_any(&self) -> bool {
+        !self.parts.is_empty()
+    }
+
     /// Whether this guard took any key itself (which its release gives back).
     pub(crate) fn owns_any(&self) -> bool {
         !self.released

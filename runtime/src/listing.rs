@@ -142,6 +142,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub async fn lock_waiters(&self, key: &str) -> Result<Vec<LockWaiter>, LockError> {
+        crate::request::check_key(key)?;
         let places = self.inner.backend.waiters(&self.keys(key), MAX_WAITERS_LISTED).await?;
         Ok(places
             .into_iter()

@@ -552,7 +552,7 @@ pub(crate) fn check_ttl(ttl: Duration) -> Result<(), LockError> {
     Ok(())
 }
 
-fn check_key(key: &str) -> Result<(), LockError> {
+pub(crate) fn check_key(key: &str) -> Result<(), LockError> {
     let reason = if key.is_empty() {
         "the key is empty"
     } else if key.len() > MAX_KEY_BYTES {

@@ -78,6 +78,10 @@ async fn bad_keys_are_invalid_key_nothing_sent_nothing_held_no_body_run() {
                 async move { ran.store(true, Ordering::SeqCst) }
             };
             check("run", client.lock(key.as_str()).run(body).await);
+            // Issue 36: the operator's calls validate keys the same way.
+            check("lock_info", client.lock_info(key).await.map(drop));
+            check("force_unlock", client.force_unlock(key).await.map(drop));
+            check("lock_waiters", client.lock_waiters(key).await.map(drop));
         })
         .await;
         assert!(!ran.load(Ordering::SeqCst), "the body ran for key {key:?}");

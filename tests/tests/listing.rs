@@ -11,6 +11,7 @@ distlock_tests::all_backends_and_redlock!(
     lists_the_held_locks_matching_a_pattern,
     lists_more_locks_than_one_scan_step_returns,
     lists_the_queue_first_in_line_first,
+    a_lock_named_like_the_startup_check_is_listed,
 );
 
 /// Every name the listing gives, sorted, each once.
@@ -121,4 +122,18 @@ async fn lists_the_queue_first_in_line_first(fx: Fixture) {
     assert_eq!(waiters.iter().map(|w| w.metadata.as_str()).collect::<Vec<_>>(), ["second"]);
     first.release().await.expect("release");
     second.await.expect("no panic").expect("handed over").release().await.expect("release");
+}
+
+/// Issue 36: the startup check's lock lives outside the locks' key space, so a lock whose name merely starts
+/// as the check's once did (`distlock-startup-probe:`) is a lock like any other: listed, its record read.
+async fn a_lock_named_like_the_startup_check_is_listed(fx: Fixture) {
+    let client = fx.client();
+    let name = "distlock-startup-probe:mine";
+    let guard = client.lock(name).ttl(secs(30)).acquire().await.expect("acquire");
+    assert_eq!(listed(client, "*").await, [name], "a user's lock is hidden from the listing");
+    assert!(client.lock_info(name).await.expect("lock_info").is_some());
+    guard.release().await.expect("release");
+    // Building a client runs the startup check: it leaves nothing a listing shows.
+    let _other = fx.other_client().await;
+    assert!(listed(client, "*").await.is_empty());
 }

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 distlock_tests::all_backends_and_redlock!(
     transfers_never_deadlock_overlap_or_lose_money,
     a_busy_later_key_gives_back_the_keys_taken_before_it,
+    a_wait_bounds_a_request_of_ten_thousand_keys,
     cancelling_while_waiting_for_a_later_key_gives_back_the_earlier_ones,
     losing_one_key_loses_the_whole_lock,
     renewal_and_release_cover_every_key,
@@ -285,6 +286,25 @@ async fn a_busy_later_key_gives_back_the_keys_taken_before_it(fx: Fixture) {
     let guard = client.lock_all(["busy:b", "busy:a"]).acquire().await.expect("both free now");
     assert_eq!(guard.keys().collect::<Vec<_>>(), ["busy:a", "busy:b"]);
     guard.release().await.expect("release");
+}
+
+/// Issue 36, defect 8: `wait` bounds the whole request, whatever the number of keys. 10,000 keys, the last one
+/// busy, `wait(200ms)`: each key taken one by one costs a round trip, so the request stops trying keys once
+/// its wait has run out, gives back what it took, and fails within the wait plus the give-back (it took 2.35 s
+/// on Redis before).
+async fn a_wait_bounds_a_request_of_ten_thousand_keys(fx: Fixture) {
+    let keys: Vec<String> = (0..10_000).map(|i| format!("many:{i:05}")).collect();
+    let other = fx.client_with(|b| b.owner("other-owner")).await;
+    let client = if fx.backend() == distlock_tests::Backend::Memory { other.clone() } else { fx.client().clone() };
+    let holder = other.lock(keys[9_999].as_str()).ttl(secs(30)).acquire().await.expect("holder");
+    let wait = ms(200);
+    let started = Instant::now();
+    let failed = client.lock_all(keys.iter().map(String::as_str)).wait(wait).acquire().await;
+    let took = started.elapsed();
+    assert!(matches!(failed, Err(LockError::NotObtained { .. })), "{failed:?}");
+    assert!(took < wait + secs(1), "a 200 ms wait for 10,000 keys took {took:?}");
+    assert!(client.lock_info(&keys[0]).await.expect("info").is_none(), "the first key was not given back");
+    assert_eq!(holder.release().await.expect("release"), ReleaseOutcome::Released);
 }
 
 /// A request dropped while it waits for its second key gives the first back (in the background, at once).

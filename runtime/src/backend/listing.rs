@@ -4,10 +4,6 @@
 
 use super::escape_into;
 
-/// A lock name starting with this is the startup probe's (`ClientBuilder::build` takes and gives back such a
-/// lock to check the server): never listed.
-pub(crate) const PROBE_NAME_PREFIX: &str = "distlock-startup-probe:";
-
 /// Where a scan of lock records stands: the server it is on (a cluster's primary, a Redlock member; 0 on one
 /// server) and that server's SCAN cursor.
 #[derive(Debug, Clone, Default)]
@@ -62,7 +58,8 @@ pub(crate) fn record_pattern(prefix: &str, names: &str) -> String {
 }
 
 /// The lock name whose record key is `record`, or `None` when `record` is not one this prefix's clients
-/// write (another program's key under the prefix, a derived key) or is the startup probe's.
+/// write (another program's key under the prefix, a derived key, the startup check's: see
+/// [`LockKeys::startup_check`](super::LockKeys::startup_check)).
 pub(crate) fn name_of_record(prefix: &str, record: &str) -> Option<String> {
     let escaped = record.strip_prefix(prefix)?.strip_prefix('{')?.strip_suffix('}')?;
     if escaped.contains(['{', '}']) {
@@ -82,7 +79,7 @@ pub(crate) fn name_of_record(prefix: &str, record: &str) -> Option<String> {
         rest = &rest[at + 3..];
     }
     name.push_str(rest);
-    (!name.starts_with(PROBE_NAME_PREFIX)).then_some(name)
+    Some(name)
 }
 
 /// Whether `text` matches the glob `pattern` as Redis's `SCAN … MATCH` decides it (`stringmatchlen`, case
@@ -208,8 +205,11 @@ mod tests {
         {
             assert_eq!(name_of_record("distlock:", not_a_record), None, "{not_a_record}");
         }
-        let probe = LockKeys::new("distlock:", format!("{PROBE_NAME_PREFIX}abc"));
-        assert_eq!(name_of_record("distlock:", &probe.record), None, "the startup probe is not listed");
+        let probe = LockKeys::startup_check("distlock:", "abc");
+        assert_eq!(name_of_record("distlock:", &probe.record), None, "the startup check is not listed");
+        // A user's lock of any name is, also one that looks like the startup check's.
+        let user = LockKeys::new("distlock:", "distlock-startup-probe:abc".to_owned());
+        assert_eq!(name_of_record("distlock:", &user.record).as_deref(), Some("distlock-startup-probe:abc"));
     }
 
     /// Redis's own examples of `stringmatchlen`.

@@ -11,7 +11,7 @@ mod store;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) use self::listing::{glob_matches, name_of_record, record_pattern, Place, ScanState, PROBE_NAME_PREFIX};
+pub(crate) use self::listing::{glob_matches, name_of_record, record_pattern, Place, ScanState};
 pub(crate) use self::memory::MemoryBackend;
 pub(crate) use self::redis::{ConnectSettings, RedisBackend, ReplicaAcks, Timeouts};
 pub(crate) use self::redlock::RedlockBackend;
@@ -37,6 +37,13 @@ impl LockKeys {
         escape_into(&mut record, &name);
         record.push('}');
         Self { name, record }
+    }
+
+    /// The startup check's lock (`ClientBuilder::build` takes and gives back one to check the server), outside
+    /// every lock's key space: `<prefix>startup-check{<token>}`, where a lock's record is `<prefix>{<key>}`, so no
+    /// key a program locks can name it, and no listing shows it. Its own hash tag keeps its keys in one slot.
+    pub(crate) fn startup_check(prefix: &str, token: &str) -> Self {
+        Self { name: "the startup check".to_owned(), record: format!("{prefix}startup-check{{{token}}}") }
     }
 
     /// `<prefix>{<key>}:released`: the pub/sub channel hand-overs are announced on (the scripts append the

@@ -16,7 +16,7 @@ use super::link::{self, Link, Rebuilding};
 use super::scripts::{self, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY};
 use super::subscriber::Subscriber;
 use super::{timeout_error, ConnectSettings, Hot, RedisBackend, Timeouts};
-use crate::backend::{Attempt, LockKeys, Queueing, Store, PROBE_NAME_PREFIX};
+use crate::backend::{Attempt, LockKeys, Queueing, Store};
 use crate::error::{redact_url, BackendError, SENTINEL_SERVICE};
 use crate::{LockError, LockToken};
 
@@ -198,7 +198,7 @@ impl RedisBackend {
     /// Every command a lock's life uses, once: listen, take, queue a second owner, release (handing over,
     /// which publishes), and clean up. Another process probing at the same moment only makes this a no-op.
     async fn probe_lock_cycle(&self, prefix: &str) -> Result<(), LockError> {
-        let keys = LockKeys::new(prefix, format!("{PROBE_NAME_PREFIX}{}", LockToken::random().as_str()));
+        let keys = LockKeys::startup_check(prefix, LockToken::random().as_str());
         let (holder, waiter) = (LockToken::random(), LockToken::random());
         let lease = Duration::from_secs(5);
         let queueing = Queueing { register: lease, lease, attempt: 1 };

@@ -449,7 +449,10 @@ impl Store for RedisBackend {
                 c.arg(1).arg(&keys.record).arg(super::WAKE_ALL);
             })
             .await?;
-        Ok(deleted == 1)
+        if deleted == 2 {
+            tracing::warn!(key = %keys.name, record = %keys.record, "distlock: force_unlock deleted a value distlock did not write at the lock's key");
+        }
+        Ok(deleted > 0)
     }
 
     async fn scan(&self, scan: &mut ScanState, pattern: &str, count: usize) -> Result<Vec<String>, LockError> {

@@ -8,7 +8,8 @@
 -- read it here (BATCH's, inside the operation's pcall).
 -- The common cases, a free lock nobody waits for, come first (is_free.lua): GET, then TIME and SET, after
 -- EXISTS of the queue and R:last when the record is gone.
--- Needs grant, hand_over, fence_of and enqueue.
+-- A value at R that distlock did not write fails the attempt (FOREIGN). Needs grant, hand_over, fence_of,
+-- foreign and enqueue.
 local function acquire(R, token, ttl, holder, register, lease, attempt, v)
   if v == nil then v = redis.call('get', R) end
   local free, last
@@ -25,9 +26,11 @@ local function acquire(R, token, ttl, holder, register, lease, attempt, v)
       redis.call('pexpire', R, ttl)
       return GRANTED, fence_of(v), ttl
     end
+    local fence = fence_of(v)
+    if not fence then foreign(R) end
     register = tonumber(register)
     if register > 0 then enqueue(R, v, token, register, lease, ttl, attempt, holder) end
-    return BUSY, fence_of(v), redis.call('pttl', R)
+    return BUSY, fence, redis.call('pttl', R)
   end
   return GRANTED, grant(R, token, ttl, holder, last), ttl
 end

@@ -7,7 +7,7 @@
 local v = redis.call('get', KEYS[1])
 if not v or string.sub(v, 1, TOKEN_HALF) == FREED then return nil end
 local fence, granted, holder = string.match(v, '^(%d+):(%d+):(.*)$', FENCE_AT)
-if not holder then return redis.error_reply('the value at ' .. KEYS[1] .. ' is not a distlock lock record') end
+if not holder then return redis.error_reply('FOREIGN the value at ' .. KEYS[1] .. ' was not written by distlock') end
 local t = redis.call('time')
 local held = t[1] * 1000000 + t[2] - tonumber(granted)
 return {holder, tonumber(fence), held, redis.call('pttl', KEYS[1]), redis.call('zcard', KEYS[1] .. ':queue')}

@@ -1,10 +1,15 @@
--- fence_of(record value) → the holder's fencing token (decimal text).
+-- fence_of(record value) → the holder's fencing token (decimal text), nil for a value that is no record.
 -- enqueue(R, v, token, register ms, hand-over lease ms, ttl ms, attempt, holder): a busy attempt's place in
 -- the queue `<R>:queue` (a sorted set of waiter tokens by arrival time), taken or refreshed, with its details
 -- in `<R>:waiter:<token>` (`<hand-over lease ms>:<ttl ms>:<attempt>:<holder>`, expiring unless refreshed
 -- within `register`), and the record `v` marked so that its release looks at the queue.
 local function fence_of(v)
   return string.match(v, '^(%d+)', FENCE_AT)
+end
+-- foreign(R): fails the operation on R, whose value distlock did not write, with the FOREIGN error the client
+-- explains (which key, what to do).
+local function foreign(R)
+  error({err = 'FOREIGN the value at ' .. R .. ' was not written by distlock'})
 end
 local function enqueue(R, v, token, register, lease, ttl, attempt, holder)
   local Q = R .. ':queue'
