@@ -17,8 +17,9 @@ pub(crate) async fn rows(client: &distlock::Client, names: Vec<String>) -> Resul
     Ok(names.into_iter().zip(infos).filter_map(|(name, info)| Some(Row::new(name, info.as_ref()?))).collect())
 }
 
-/// Every held lock matching `pattern`, sorted by name (`watch` shows a screenful; `ls` streams instead).
-pub(crate) async fn sorted_names(client: &distlock::Client, pattern: &str) -> Result<Vec<String>, Failure> {
+/// Every held lock matching `pattern`, sorted by name (`watch` shows a screenful; `ls` streams instead), and how
+/// many keys in a lock's place held a value distlock did not write (left out).
+pub(crate) async fn sorted_names(client: &distlock::Client, pattern: &str) -> Result<(Vec<String>, usize), Failure> {
     let mut listing = client.list_locks(pattern);
     let mut names = Vec::new();
     while let Some(page) = listing.next_page().await? {
@@ -26,7 +27,18 @@ pub(crate) async fn sorted_names(client: &distlock::Client, pattern: &str) -> Re
     }
     names.sort_unstable();
     names.dedup();
-    Ok(names)
+    Ok((names, listing.skipped()))
+}
+
+/// What `ls` says on standard error about keys it left out.
+pub(crate) fn skipped_note(skipped: usize) -> Option<String> {
+    (skipped > 0).then(|| {
+        let keys = if skipped == 1 { "key" } else { "keys" };
+        format!(
+            "skipped {skipped} {keys} under the key prefix holding a value distlock did not write (another program's \
+             data: give distlock a prefix of its own with --prefix, or delete them)"
+        )
+    })
 }
 
 /// Prints rows as a table or as the elements of one JSON array, as they come.
@@ -83,9 +95,11 @@ pub(crate) async fn ls(client: &distlock::Client, pattern: &str, json: bool, uns
             page.dedup();
             printer.print(&rows(client, page).await?)?;
         }
+        skipped_note(listing.skipped()).into_iter().for_each(|note| eprintln!("{note}"));
         return printer.finish(pattern);
     }
-    let names = sorted_names(client, pattern).await?;
+    let (names, skipped) = sorted_names(client, pattern).await?;
+    skipped_note(skipped).into_iter().for_each(|note| eprintln!("{note}"));
     let longest = names.iter().map(|n| printable(n).chars().count()).max().unwrap_or(0);
     let mut printer = Printer { out, json, table: Table::new(longest), printed: 0 };
     let mut names = names.into_iter();

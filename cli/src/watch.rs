@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::commands::{rows, sorted_names};
+use crate::commands::{rows, skipped_note, sorted_names};
 use crate::render::{fence, printable, Row, Table};
 use crate::Failure;
 
@@ -39,9 +39,13 @@ pub(crate) async fn watch(
     loop {
         let seen_at = Instant::now();
         let current = tokio::select! {
-            current = async { rows(client, sorted_names(client, pattern).await?).await } => current?,
+            current = async {
+                let (names, skipped) = sorted_names(client, pattern).await?;
+                Ok::<_, Failure>((rows(client, names).await?, skipped))
+            } => current?,
             Ok(()) = &mut stop => return Ok(()),
         };
+        let (current, skipped) = current;
         let now: HashMap<String, Row> = current.iter().map(|r| (r.key.clone(), r.clone())).collect();
         if let Some((then, before)) = &previous {
             for event in changes(before, &now, seen_at.duration_since(*then)) {
@@ -52,6 +56,9 @@ pub(crate) async fn watch(
             }
         }
         draw(terminal, pattern, &current, &events, interval)?;
+        if let Some(note) = skipped_note(skipped) {
+            eprintln!("{note}");
+        }
         previous = Some((seen_at, now));
         refreshes += 1;
         if count.is_some_and(|n| refreshes >= n) {

@@ -442,3 +442,31 @@ async fn a_wrong_password_in_any_url_form_is_never_echoed() {
         }
     }
 }
+
+/// Issue 36, defect 4: values another program wrote under the key prefix, where a lock's record would be (a
+/// string, a list), do not break `ls` (sorted or not) or `watch`: they are skipped, counted and reported, and
+/// the locks are listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_keys_under_the_prefix_are_skipped_counted_and_reported() {
+    let server = RedisServer::new();
+    let url = server.url();
+    let holder = client(&url, "holder-1").await;
+    let _guard = holder.lock("real").ttl(TTL).acquire().await.unwrap();
+    let mut conn = server.connection().await;
+    let () = redis::cmd("SET").arg("distlock:{x}").arg("hello").query_async(&mut conn).await.unwrap();
+    let _: i64 = redis::cmd("RPUSH").arg("distlock:{y}").arg("a").query_async(&mut conn).await.unwrap();
+    let mut listing = holder.list_locks("*");
+    let mut names = Vec::new();
+    while let Some(page) = listing.next_page().await.unwrap() {
+        names.extend(page);
+    }
+    assert_eq!((names, listing.skipped()), (vec!["real".to_owned()], 2));
+    for args in [vec!["ls"], vec!["ls", "--unsorted"], vec!["ls", "--json"], vec!["watch", "--count", "1"]] {
+        let mut full = vec!["--url", url.as_str()];
+        full.extend(args.iter().copied());
+        let output = distlock(&full, None).await;
+        assert_exit(&output, 0);
+        assert!(stdout(&output).contains("real"), "{args:?}: {}", stdout(&output));
+        assert!(stderr(&output).contains("skipped 2 keys"), "{args:?}: {}", stderr(&output));
+    }
+}

@@ -60,6 +60,22 @@ impl LockListing {
         }
         Ok(None)
     }
+
+    /// How many keys the listing has left out so far because they sit where a lock's record would, under the
+    /// client's key prefix, but hold a value distlock did not write (another program's data, which
+    /// [`Client::lock_info`] reports as an error). Always 0 on the in-process store.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// let client = distlock::Client::builder().memory().build().await?;
+    /// let mut listing = client.list_locks("*");
+    /// while listing.next_page().await?.is_some() {}
+    /// assert_eq!(listing.skipped(), 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn skipped(&self) -> usize {
+        self.scan.skipped
+    }
 }
 
 /// One waiter queued for a lock, as [`Client::lock_waiters`] reports it. Its token is never shown.

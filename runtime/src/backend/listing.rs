@@ -13,6 +13,9 @@ pub(crate) struct ScanState {
     /// A cluster's primaries (host, port), read when the scan starts.
     pub(crate) nodes: Option<Vec<(String, u16)>>,
     pub(crate) done: bool,
+    /// Keys found under the prefix in a lock's place that distlock did not write (another program's data):
+    /// left out, and counted.
+    pub(crate) skipped: usize,
 }
 
 /// A waiter's place, as a store reports it (no token).

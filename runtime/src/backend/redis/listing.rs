@@ -42,33 +42,43 @@ impl RedisBackend {
             scan.server += 1;
             scan.done = scan.server >= nodes.len().max(1);
         }
-        self.drop_freed(&mut keys).await.map_err(failed)?;
+        scan.skipped += self.drop_freed(&mut keys).await.map_err(failed)?;
         Ok(keys)
     }
 
     /// Leaves out of `records` the freed ones (a released lock keeping its last fencing token for the rest of
-    /// its lease) and those gone since the SCAN: one GETRANGE of the token's place each, all sent at once (on
-    /// a cluster each to its record's node). A record that cannot be read stays (`lock_infos` tells), unless
-    /// the user lacks the right to read it (NOPERM: an error, that names the command to allow).
-    async fn drop_freed(&self, records: &mut Vec<String>) -> redis::RedisResult<()> {
+    /// its lease), those gone since the SCAN, and values distlock did not write (counted: the count is
+    /// returned): one GETRANGE of the token and its mark each, all sent at once (on a cluster each to its
+    /// record's node). A record that cannot be read stays (`lock_infos` tells), unless the user lacks the
+    /// right to read it (NOPERM: an error, that names the command to allow).
+    async fn drop_freed(&self, records: &mut Vec<String>) -> redis::RedisResult<usize> {
         let heads = futures_util::future::join_all(records.iter().map(|record| {
             let mut cmd = Cmd::new();
-            cmd.arg("GETRANGE").arg(record).arg(0).arg(record::FREED.len() - 1);
+            cmd.arg("GETRANGE").arg(record).arg(0).arg(crate::token::TOKEN_LEN);
             let mut conn = self.commands.clone();
             async move { cmd.query_async::<Vec<u8>>(&mut conn).await }
         }))
         .await;
-        let mut held = Vec::with_capacity(heads.len());
+        let (mut held, mut foreign) = (Vec::with_capacity(heads.len()), 0);
         for head in heads {
             held.push(match head {
-                Ok(head) => !head.is_empty() && head != record::FREED.as_bytes(),
+                Ok(head) if head.is_empty() => false,
+                Ok(head) if !is_record_head(&head) => {
+                    foreign += 1;
+                    false
+                }
+                Ok(head) => !head.starts_with(record::FREED.as_bytes()),
                 Err(refused) if refused.code() == Some("NOPERM") => return Err(refused),
+                Err(other) if other.code() == Some("WRONGTYPE") => {
+                    foreign += 1;
+                    false
+                }
                 Err(_) => true,
             });
         }
         let mut held = held.into_iter();
         records.retain(|_| held.next().unwrap_or(true));
-        Ok(())
+        Ok(foreign)
     }
 
     /// The live waiters in `keys`'s queue, from its head, at most `limit` places looked at.
@@ -93,4 +103,13 @@ impl RedisBackend {
         }
         Ok(live)
     }
+}
+
+/// Whether `head`, a value's first bytes up to the mark, opens a lock record: 32 characters of a token (hex, or
+/// the `=` and `-` that FREED and NOBODY write over it), then the mark `:` or `+` (record.lua).
+fn is_record_head(head: &[u8]) -> bool {
+    let len = crate::token::TOKEN_LEN;
+    head.len() == len + 1
+        && head[..len].iter().all(|&b| b.is_ascii_hexdigit() || b == b'=' || b == b'-')
+        && matches!(head[len], b':' | b'+')
 }

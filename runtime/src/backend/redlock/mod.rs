@@ -385,6 +385,7 @@ impl Store for RedlockBackend {
         let mut on_server = ScanState { cursor: scan.cursor, ..ScanState::default() };
         let found = server.scan(&mut on_server, pattern, count).await?;
         scan.cursor = on_server.cursor;
+        scan.skipped += on_server.skipped;
         if on_server.done {
             (scan.server, scan.cursor) = (scan.server + 1, 0);
             scan.done = scan.server == self.servers.len();
