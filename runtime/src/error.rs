@@ -312,9 +312,9 @@ fn is_permission_error(e: &redis::RedisError) -> bool {
 
 /// A URL as messages may show it, with every password hidden, whatever its form and however it was typed:
 /// - everything before the URL's last `@` after `scheme://` may be a password (one holding an unencoded `@`,
-///   `/`, `?` or `#` ends where the redis crate's parser does not expect it), so it becomes `***`, after the
-///   user name when one plainly stands before a `:` (`scheme://user:***@host/`). A name without a `:`
-///   (`redis://secret@host`) is read by some clients as a password: hidden too;
+///   `/`, `?` or `#` ends where the redis crate's parser does not expect it), so it becomes `:***`, the user
+///   name too: in `redis://secret:word@host`, typed as a password, the parser finds a user `secret`, and no
+///   rule tells the two apart (`redis://secret@host` is read by some clients as a password as well);
 /// - a socket URL's password is a query value (`redis+unix:///path?pass=…`): it and everything after it
 ///   become `***` (an unencoded `&` or `#` in it would end it early);
 /// - a URL without a password is returned unchanged.
@@ -324,14 +324,7 @@ pub(crate) fn redact_url(url: &str) -> String {
         None => ("", url),
     };
     let mut shown = match rest.rfind('@') {
-        Some(at) => {
-            let userinfo = &rest[..at];
-            let user = match userinfo.split_once(':') {
-                Some((user, _)) if !user.contains(['/', '?', '#', '@']) => user,
-                _ => "",
-            };
-            format!("{head}{user}:***{}", &rest[at..])
-        }
+        Some(at) => format!("{head}:***{}", &rest[at..]),
         None => url.to_owned(),
     };
     if let Some(at) = secret_query_value(&shown) {
@@ -358,12 +351,12 @@ mod tests {
     #[test]
     fn redacts_passwords_only() {
         assert_eq!(redact_url("redis://127.0.0.1:6379/"), "redis://127.0.0.1:6379/");
-        assert_eq!(redact_url("redis://u:pw@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact_url("redis://u:pw@h:1/0"), "redis://:***@h:1/0");
         assert_eq!(redact_url("rediss://:p@ss@h/"), "rediss://:***@h/");
         assert_eq!(redact_url("redis://pw@h/"), "redis://:***@h/");
         assert_eq!(redact_url("redis+unix:///tmp/r.sock"), "redis+unix:///tmp/r.sock");
         assert_eq!(redact_url("not a url"), "not a url");
-        assert_eq!(redact_url("redis://u:pa/ss@h/0"), "redis://u:***@h/0");
+        assert_eq!(redact_url("redis://u:pa/ss@h/0"), "redis://:***@h/0");
         assert_eq!(redact_url("redis://:pw@h/0?protocol=resp3#insecure"), "redis://:***@h/0?protocol=resp3#insecure");
         assert_eq!(redact_url("rediss://h/#insecure"), "rediss://h/#insecure");
     }

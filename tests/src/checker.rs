@@ -416,12 +416,17 @@ fn preview(key: &str) -> String {
     key.chars().take(16).collect()
 }
 
-/// `scheme://user:secret@host/` → `scheme://user:***@host/`.
+/// The URL with everything before its last `@` hidden (`scheme://:***@host/`), as the library shows URLs: a
+/// password with an unencoded `@ / ? #` in it is hidden whole; a socket URL's `pass=` value and what follows it
+/// too.
 fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else { return url.to_owned() };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else { return url.to_owned() };
-    let user = rest[..at].split(':').next().unwrap_or("");
-    format!("{}{}:***{}", &url[..scheme_end + 3], user, &rest[at..])
+    let (head, rest) = url.find("://").map_or(("", url), |i| url.split_at(i + 3));
+    let mut shown = match rest.rfind('@') {
+        Some(at) => format!("{head}:***{}", &rest[at..]),
+        None => url.to_owned(),
+    };
+    if let Some(at) = shown.find("?pass=").or_else(|| shown.find("&pass=")) {
+        shown.replace_range(at + 6.., "***");
+    }
+    shown
 }

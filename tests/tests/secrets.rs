@@ -64,3 +64,49 @@ async fn foreign_data_at_a_lock_s_key_gives_an_error_that_says_so() {
         guard.release().await.expect("release");
     }
 }
+
+/// Issue 36: every URL form the builder accepts, with `@ / % : ? #` in the password, as typed and
+/// percent-encoded: no four bytes of the password appear in the builder's `Debug`, the build error's `Display`
+/// or `Debug`, or the captured log. (The CLI's stderr: `a_wrong_password_in_any_url_form_is_never_echoed` in
+/// cli/tests/cli.rs.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_url_form_shows_its_password() {
+    let logs = distlock_tests::logs::capture();
+    let server = RedisServer::with_password("the-right-one");
+    let port = server.port();
+    let socket = server.unix_socket();
+    let socket = socket.display();
+    let passwords =
+        ["sEcr3t@Qx", "sEcr3t/Qx", "sEcr3t%Qx", "sEcr3t:Qx", "sEcr3t?Qx", "sEcr3t#Qx", "sEcr3t%40Qx%2F%3F%23k"];
+    for password in passwords {
+        let forms = [
+            format!("redis://:{password}@127.0.0.1:{port}/"),
+            format!("redis://user:{password}@127.0.0.1:{port}/"),
+            format!("redis://{password}@127.0.0.1:{port}/"),
+            format!("rediss://:{password}@127.0.0.1:{port}/"),
+            format!("redis+unix://{socket}?pass={password}"),
+            format!("redis+unix://{socket}?user=u&pass={password}"),
+        ];
+        for url in forms {
+            let builder = Client::builder().redis(url.clone());
+            let mut texts = vec![format!("{builder:?}")];
+            match builder.build().await {
+                Ok(_) => panic!("{url}: a wrong password was accepted"),
+                Err(e) => texts.extend([e.to_string(), format!("{e:?}")]),
+            }
+            for text in &texts {
+                for piece in password.as_bytes().windows(4) {
+                    let piece = String::from_utf8_lossy(piece);
+                    assert!(!text.contains(piece.as_ref()), "{url}: `{piece}` of its password in {text}");
+                }
+            }
+        }
+    }
+    let logged = logs.dump();
+    for password in passwords {
+        for piece in password.as_bytes().windows(4) {
+            let piece = String::from_utf8_lossy(piece);
+            assert!(!logged.contains(piece.as_ref()), "`{piece}` of a password in the log");
+        }
+    }
+}
