@@ -453,54 +453,15 @@ impl LockRequest {
             // again: each wrapper is a body-sized temporary in every nested lock body's frame in debug builds),
             // and boxed, like a fresh body: pinned in place instead, the body took one more slot at each level,
             // and a debug build's three nested `run`s needed twice the future and nearly twice the stack.
-            let mut body = Box::pin(body);
-            let output = match on_lost {
-                OnLost::Abort => {
-                    tokio::select! {
-                        biased;
-                        output = &mut body => {
-                            if guard.is_lost() {
-                                return Err(lost(&guard));
-                            }
-                            output
-                        }
-                        () = guard.lost() => return Err(lost(&guard)),
-                    }
-                }
-                OnLost::Continue => body.await,
-            };
-            let lost_under_body = on_lost == OnLost::Continue && guard.is_lost();
-            if lost_under_body {
-                guard.mark_lost_by_clock(LEASE_RAN_OUT);
-            }
+            let (output, lost_under_body) =
+                watched(Box::pin(body), &guard, on_lost).await.ok_or_else(|| lost(&guard))?;
             observe::record_outcome(&span, Ok(lost_under_body));
             return Ok(output);
         }
         // Boxed: nested lock bodies (an annotated fn calling another) would otherwise each copy the whole body
         // future into their poll frames, which in debug builds overflows a thread's stack after a few levels.
-        let mut body = Box::pin(held::scope(guard.grants(), body).instrument(span.clone()));
-        let output = match on_lost {
-            OnLost::Abort => {
-                tokio::select! {
-                    biased;
-                    output = &mut body => {
-                        // A body that kept its thread past the deadline (blocking code) finished without the
-                        // lock: its work may have overlapped another holder's, and the caller must know.
-                        if guard.is_lost() {
-                            return Err(lost(&guard));
-                        }
-                        output
-                    }
-                    () = guard.lost() => return Err(lost(&guard)),
-                }
-            }
-            OnLost::Continue => body.await,
-        };
-        // (Under `OnLost::Abort` the body's end was checked above.)
-        let lost_under_body = on_lost == OnLost::Continue && guard.is_lost();
-        if lost_under_body {
-            guard.mark_lost_by_clock(LEASE_RAN_OUT);
-        }
+        let body = Box::pin(held::scope(guard.grants(), body).instrument(span.clone()));
+        let (output, lost_under_body) = watched(body, &guard, on_lost).await.ok_or_else(|| lost(&guard))?;
         // The body's output is never thrown away over a failed release: the lease frees the lock anyway. (A
         // release that found the lock no longer ours is reported by the release itself.)
         let key = guard.key().to_owned();
@@ -540,6 +501,40 @@ impl LockRequest {
     {
         self.run(body).await.unwrap_or_else(|e| Err(e.into()))
     }
+}
+
+/// Runs a lock body, fresh or nested, watched under `on_lost`: with [`OnLost::Abort`] it is dropped when `guard`'s
+/// lock is lost, and one that ends past the deadline (blocking code kept its thread) counts as lost too: `None`;
+/// with [`OnLost::Continue`] it runs to its end. Its output, and whether the lock was lost under a `Continue`
+/// body (then marked lost, so the loss is reported once).
+async fn watched<F: Future + ?Sized>(
+    mut body: std::pin::Pin<Box<F>>,
+    guard: &LockGuard,
+    on_lost: OnLost,
+) -> Option<(F::Output, bool)> {
+    let output = match on_lost {
+        OnLost::Abort => {
+            tokio::select! {
+                biased;
+                output = &mut body => {
+                    // A body that kept its thread past the deadline finished without the lock: its work may
+                    // have overlapped another holder's, and the caller must know.
+                    if guard.is_lost() {
+                        return None;
+                    }
+                    output
+                }
+                () = guard.lost() => return None,
+            }
+        }
+        OnLost::Continue => body.await,
+    };
+    // (Under `OnLost::Abort` the body's end was checked above.)
+    let lost_under_body = on_lost == OnLost::Continue && guard.is_lost();
+    if lost_under_body {
+        guard.mark_lost_by_clock(LEASE_RAN_OUT);
+    }
+    Some((output, lost_under_body))
 }
 
 pub(crate) fn check_ttl(ttl: Duration) -> Result<(), LockError> {
