@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::{Client, LockError, LockGuard, OnLost, RetryStrategy};
+use distlock::{Client, LockError, LockGuard, LockRequest, OnLost, RetryStrategy};
 use distlock_tests::logs::{self, LogLine, Logs, SpanLine};
 use distlock_tests::monitor::Monitor;
 use distlock_tests::time::{ms, secs};
@@ -31,6 +31,11 @@ distlock_tests::both_backends!(
     s31_1_held_key_lost_while_a_partly_nested_request_waits_gives_back_the_others,
 );
 
+/// The outer body's request: renewals stop at once (`max_hold` 1 ms), so its lease runs out after `lease`, and
+/// `OnLost::Continue` lets the outer body go on past the loss to try its nested requests.
+fn running_out(request: LockRequest, lease: Duration) -> LockRequest {
+    request.ttl(lease).max_hold(ms(1)).on_lost(OnLost::Continue)
+}
 /// Far above anything these tests need: a hang fails the test instead of stalling the suite.
 const BOUND: Duration = Duration::from_secs(10);
 
@@ -167,11 +172,7 @@ async fn s31_1_nested_request_on_a_lost_outer_grant_fails_closed(fx: Fixture) {
     // Free keys sorting before and after `key`.
     let (before, after) = (format!("s31-0-{backend}"), format!("s31-1-{backend}:z"));
     let (key, before, after) = (key.as_str(), before.as_str(), after.as_str());
-    let outcome = client
-        .lock(key)
-        .ttl(LEASE)
-        .max_hold(ms(1))
-        .on_lost(OnLost::Continue)
+    let outcome = running_out(client.lock(key), LEASE)
         .run(async {
             let c = lost_then_taken_by_c(&fx, &[key]).await;
             let mut sent = Sent::from_now(&fx).await;
@@ -236,11 +237,7 @@ async fn s31_1_nested_multi_key_request_on_a_lost_outer_grant_fails_closed(fx: F
     // H's keys, and free keys sorting before and after them.
     let [held_a, held_b, free_first, free_last] = ["a", "b", "0", "z"].map(|k| format!("s31-1m-{backend}:{k}"));
     let (held_a, held_b, free_first, free_last) = (&*held_a, &*held_b, &*free_first, &*free_last);
-    let outcome = client
-        .lock_all([held_a, held_b])
-        .ttl(LEASE)
-        .max_hold(ms(1))
-        .on_lost(OnLost::Continue)
+    let outcome = running_out(client.lock_all([held_a, held_b]), LEASE)
         .run(async {
             let c = lost_then_taken_by_c(&fx, &[held_a, held_b]).await;
             let mut sent = Sent::from_now(&fx).await;
@@ -295,11 +292,7 @@ async fn s31_1_nested_body_is_dropped_when_the_outer_grant_is_lost(fx: Fixture) 
     let key = format!("s31-1-during-{}", backend(&fx));
     let key = key.as_str();
     let client = fx.client().clone();
-    let outcome = client
-        .lock(key)
-        .ttl(LEASE_TO_START_IN)
-        .max_hold(ms(1))
-        .on_lost(OnLost::Continue)
+    let outcome = running_out(client.lock(key), LEASE_TO_START_IN)
         .run(async {
             let (entered, dropped) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
             let nested = client.lock(key).run({
@@ -330,11 +323,7 @@ async fn s31_1_nested_body_that_ends_past_the_deadline_is_lost(fx: Fixture) {
     let key = format!("s31-1-blocking-{}", backend(&fx));
     let key = key.as_str();
     let client = fx.client().clone();
-    let outcome = client
-        .lock(key)
-        .ttl(LEASE_TO_START_IN)
-        .max_hold(ms(1))
-        .on_lost(OnLost::Continue)
+    let outcome = running_out(client.lock(key), LEASE_TO_START_IN)
         .run(async {
             let ran = Arc::new(AtomicBool::new(false));
             let nested = client.lock(key).run({
@@ -366,11 +355,7 @@ async fn s31_1_nested_continue_body_started_in_time_runs_to_its_end(fx: Fixture)
     let key = format!("s31-1-continue-{}", backend(&fx));
     let key = key.as_str();
     let client = fx.client().clone();
-    let outcome = client
-        .lock(key)
-        .ttl(LEASE_TO_START_IN)
-        .max_hold(ms(1))
-        .on_lost(OnLost::Continue)
+    let outcome = running_out(client.lock(key), LEASE_TO_START_IN)
         .run(async {
             let nested = client.lock(key).on_lost(OnLost::Continue).run(async {
                 let lock = distlock::current_lock().expect("inside the nested body");
@@ -399,11 +384,7 @@ async fn s31_1_held_key_lost_while_a_partly_nested_request_waits_gives_back_the_
     let (busy, held) = (busy.as_str(), held.as_str());
     let d_client = fx.other_client().await;
     let d = d_client.lock(busy).ttl(secs(10)).acquire().await.expect("D takes the busy key");
-    let outcome = client
-        .lock(held)
-        .ttl(LEASE_TO_START_IN)
-        .max_hold(ms(1))
-        .on_lost(OnLost::Continue)
+    let outcome = running_out(client.lock(held), LEASE_TO_START_IN)
         .run(async {
             let lock = distlock::current_lock().expect("inside H's body");
             assert!(!lock.is_lost(), "H's grant ran out before the request was made");
