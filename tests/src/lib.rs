@@ -19,6 +19,8 @@ pub mod renewals;
 pub mod sentinel;
 mod server;
 #[cfg(feature = "engine-test-features")]
+pub mod sim_keyspace;
+#[cfg(feature = "engine-test-features")]
 pub mod simulation;
 pub mod soak;
 pub mod stall;

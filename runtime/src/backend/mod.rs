@@ -13,6 +13,8 @@ use std::time::Duration;
 
 pub(crate) use self::listing::{glob_matches, name_of_record, record_pattern, Place, ScanState};
 pub(crate) use self::memory::MemoryBackend;
+#[cfg(feature = "simulation")]
+pub(crate) use self::redis::script_sources;
 pub(crate) use self::redis::{ConnectSettings, RedisBackend, ReplicaAcks, Timeouts};
 pub(crate) use self::redlock::RedlockBackend;
 pub(crate) use self::store::{Capabilities, Fencing, Store, WakeUps};

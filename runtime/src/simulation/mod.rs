@@ -8,6 +8,7 @@
 //! at every observation; see `oracle.rs`.
 
 mod oracle;
+pub mod redis;
 mod store;
 
 use std::cell::RefCell;

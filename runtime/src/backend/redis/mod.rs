@@ -32,6 +32,9 @@ mod scripts;
 mod subscriber;
 mod window;
 
+#[cfg(feature = "simulation")]
+pub(crate) use scripts::sources as script_sources;
+
 /// Locks renewed per RENEW_MANY call: one call holds redis-server for about a microsecond per lock.
 const RENEWALS_PER_CALL: usize = 256;
 

@@ -253,6 +253,21 @@ pub(super) fn all_scripts() -> [&'static LuaScript; 14] {
     ]
 }
 
+/// Every script's text as servers receive it, named by its header and variant (`ACQUIRE`, `ACQUIRE numbered`,
+/// `ACQUIRE sharded`): what the simulated redis-server's tests run (`distlock::simulation::redis`).
+#[cfg(feature = "simulation")]
+pub(crate) fn sources() -> Vec<(String, &'static str)> {
+    let mut out = Vec::new();
+    for script in all_scripts() {
+        let header = script.source.lines().next().unwrap_or_default();
+        let name = header.trim_start_matches("-- ").split(':').next().unwrap_or(header).to_owned();
+        out.push((name.clone(), script.source));
+        out.push((format!("{name} numbered"), script.numbered.source));
+        out.push((format!("{name} sharded"), script.sharded.source));
+    }
+    out
+}
+
 /// The files scripts include, by name.
 const SHARED: [(&str, &str); 17] = [
     ("record", include_str!("lua/record.lua")),

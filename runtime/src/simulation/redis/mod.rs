@@ -1,0 +1,204 @@
+//! A simulated redis-server (issue 32): one keyspace and script cache, in process and deterministic — no I/O,
+//! no clock of its own — that runs distlock's production Lua scripts unchanged on an embedded Lua 5.1, with
+//! the commands they call (and the ones the Rust side sends directly) answering as redis-server 7.0 answers a
+//! RESP3 client. `tests/tests/sim_keyspace.rs` drives it and a real redis-server with the same seeded command
+//! sequences and finds no difference.
+//!
+//! The parts: `commands.rs` (the command table), `keyspace.rs` (values, expiry, string and generic commands),
+//! `zset.rs` (sorted sets), `lua.rs` (the script engine, EVAL/EVALSHA/SCRIPT, and the conversions between
+//! Redis replies and Lua values), `parse.rs` (Redis's number, pattern and double-printing rules), `reply.rs`
+//! (replies before they meet a protocol).
+
+mod commands;
+mod convert;
+mod keyspace;
+mod lua;
+mod parse;
+mod reply;
+#[cfg(test)]
+mod tests;
+mod zset;
+
+use std::collections::BTreeMap;
+
+pub(crate) use keyspace::{Data, Entry};
+#[cfg_attr(not(test), allow(unused_imports, reason = "the simulation's Redis model reads sorted sets through it"))]
+pub(crate) use zset::ZSet;
+
+use commands::{Kind, Lookup};
+use keyspace::{Ctx, Keyspace};
+use reply::Reply;
+
+/// One simulated redis-server: its keyspace and script cache. Deterministic; no I/O, no real clock.
+#[derive(Debug)]
+pub(crate) struct SimRedis {
+    keyspace: Keyspace,
+    engine: lua::Engine,
+}
+
+/// What one command did.
+#[derive(Debug, Clone)]
+#[cfg_attr(not(test), allow(dead_code, reason = "the simulation's Redis model reads the effects and publications"))]
+pub(crate) struct Executed {
+    /// The reply as the redis crate parses the server's reply on a RESP3 connection (a script's reply
+    /// converted as Redis 7.0 converts it for a RESP3 client whose script did not call `redis.setresp`).
+    /// Errors are `redis::Value::ServerError`.
+    pub(crate) reply: redis::Value,
+    /// Messages published (PUBLISH or SPUBLISH, from scripts or direct), in order.
+    pub(crate) published: Vec<Published>,
+    /// For replication: the state after the command of each key it wrote (`None`: deleted), in the order of
+    /// their first write, with absolute expiry times (as Redis 7 propagates `SET … PX` as `PXAT`). Keys the
+    /// command found expired and deleted are among them, as Redis propagates an expiry as a DEL.
+    pub(crate) effects: Vec<(Vec<u8>, Option<Entry>)>,
+}
+
+/// A message published on a channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Published {
+    /// The channel.
+    pub(crate) channel: Vec<u8>,
+    /// The message.
+    pub(crate) message: Vec<u8>,
+    /// Whether it went by SPUBLISH (sharded pub/sub).
+    pub(crate) sharded: bool,
+}
+
+impl Default for SimRedis {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SimRedis {
+    /// An empty server.
+    pub(crate) fn new() -> Self {
+        Self { keyspace: Keyspace::default(), engine: lua::Engine::new() }
+    }
+
+    /// Runs one command at the server's wall-clock time `now_us` (µs since the Unix epoch; TIME replies it;
+    /// expiry compares against `now_us / 1000`). `args[0]` is the command name in any case.
+    pub(crate) fn execute(&mut self, now_us: i64, args: &[Vec<u8>]) -> Executed {
+        let mut ctx = Ctx::new(now_us);
+        self.keyspace.expire_all(&mut ctx);
+        let found = commands::lookup(args);
+        let reply = match commands::refusal(args, &found) {
+            Some(refused) => refused,
+            None => match found {
+                Lookup::Found(command) => self.run(command.kind, &mut ctx, args),
+                // `refusal` answers every other lookup.
+                Lookup::UnknownSubcommand | Lookup::Unknown => Reply::error("ERR unknown command"),
+            },
+        };
+        let (written, published) = ctx.into_written();
+        let effects = written.into_iter().map(|key| (key.clone(), self.keyspace.get(&key).cloned())).collect();
+        Executed { reply: reply.into_value(), published, effects }
+    }
+
+    /// Runs a command whose arity fits.
+    fn run(&mut self, kind: Kind, ctx: &mut Ctx, args: &[Vec<u8>]) -> Reply {
+        match kind {
+            Kind::Data(run) => run(&mut self.keyspace, ctx, args),
+            Kind::Eval => self.engine.eval(&mut self.keyspace, ctx, args, false),
+            Kind::EvalSha => self.engine.eval(&mut self.keyspace, ctx, args, true),
+            Kind::ScriptLoad => self.engine.load(&args[2]),
+            Kind::ScriptExists => self.engine.exists(&args[2..]),
+            Kind::ScriptFlush => match args {
+                [_, _] => self.engine.flush(),
+                [_, _, mode] if parse::is(mode, "sync") || parse::is(mode, "async") => self.engine.flush(),
+                _ => Reply::error("ERR SCRIPT FLUSH only support SYNC|ASYNC option"),
+            },
+            Kind::ScriptKill => Reply::error("NOTBUSY No scripts in execution right now."),
+        }
+    }
+
+    /// A restart without persistence: the keyspace and the script cache are gone (the Lua state is made anew,
+    /// as a new process has it).
+    pub(crate) fn restart(&mut self) {
+        *self = Self::new();
+    }
+
+    /// A replica applies its primary's effects.
+    #[cfg_attr(not(test), allow(dead_code, reason = "the simulation's replicas call it"))]
+    pub(crate) fn apply(&mut self, effects: &[(Vec<u8>, Option<Entry>)]) {
+        for (key, entry) in effects {
+            match entry {
+                Some(entry) => self.keyspace.entries.insert(key.clone(), entry.clone()),
+                None => self.keyspace.entries.remove(key),
+            };
+        }
+    }
+
+    /// The string at `key` and its ms to live (`None`: no expiry), as the server sees it at `now_us`; no side
+    /// effects. `None` if absent, expired or not a string.
+    #[cfg_attr(not(test), allow(dead_code, reason = "the simulation's oracle calls it"))]
+    pub(crate) fn peek(&self, now_us: i64, key: &[u8]) -> Option<(Vec<u8>, Option<i64>)> {
+        let now_ms = now_us.div_euclid(1000);
+        let entry = self.keyspace.get(key).filter(|e| !keyspace::expired(e.expires_at_ms, now_ms))?;
+        match &entry.value {
+            Data::String(s) => Some((s.clone(), entry.expires_at_ms.map(|at| (at - now_ms).max(0)))),
+            Data::ZSet(_) => None,
+        }
+    }
+
+    /// Every live key and its entry at `now_us` (for comparisons and the simulation's oracle).
+    pub(crate) fn snapshot(&self, now_us: i64) -> BTreeMap<Vec<u8>, Entry> {
+        let now_ms = now_us.div_euclid(1000);
+        self.keyspace
+            .entries
+            .iter()
+            .filter(|(_, e)| !keyspace::expired(e.expires_at_ms, now_ms))
+            .map(|(k, e)| (k.clone(), e.clone()))
+            .collect()
+    }
+}
+
+/// Not public API: the simulated redis-server, for `tests/tests/sim_keyspace.rs`, which checks it against a
+/// real one.
+#[derive(Debug, Default)]
+pub struct SimServer(SimRedis);
+
+/// Not public API: every production script's text as servers receive it — each script plain, numbered and
+/// sharded (`ACQUIRE`, `ACQUIRE numbered`, `ACQUIRE sharded`, …) — for the simulated server's tests.
+pub fn production_scripts() -> Vec<(String, &'static str)> {
+    crate::backend::script_sources()
+}
+
+/// A key's value as [`SimServer::snapshot`] shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SimValue {
+    /// A string.
+    String(Vec<u8>),
+    /// A sorted set's members and scores, in Redis's order.
+    ZSet(Vec<(Vec<u8>, f64)>),
+}
+
+impl SimServer {
+    /// An empty server.
+    pub fn new() -> Self {
+        Self(SimRedis::new())
+    }
+
+    /// Runs one command at `now_us` (µs since the Unix epoch by the server's clock); its reply as a RESP3
+    /// connection of the redis crate reads it.
+    pub fn execute(&mut self, now_us: i64, args: &[Vec<u8>]) -> redis::Value {
+        self.0.execute(now_us, args).reply
+    }
+
+    /// A restart without persistence.
+    pub fn restart(&mut self) {
+        self.0.restart();
+    }
+
+    /// Every live key at `now_us`: its value and its ms to live (`None`: no expiry).
+    pub fn snapshot(&self, now_us: i64) -> BTreeMap<Vec<u8>, (SimValue, Option<i64>)> {
+        let now_ms = now_us.div_euclid(1000);
+        let shown = |entry: Entry| {
+            let value = match entry.value {
+                Data::String(s) => SimValue::String(s),
+                Data::ZSet(z) => SimValue::ZSet(z.iter().map(|(m, s)| (m.to_vec(), s)).collect()),
+            };
+            (value, entry.expires_at_ms.map(|at| (at - now_ms).max(0)))
+        };
+        self.0.snapshot(now_us).into_iter().map(|(k, e)| (k, shown(e))).collect()
+    }
+}

@@ -1,0 +1,517 @@
+//! The simulated redis-server (`distlock::simulation::redis`) against a real one (issue 32): thousands of
+//! seeded command sequences — every production script in its plain, numbered and sharded form with realistic
+//! and hostile arguments, by EVAL and EVALSHA, raw commands with random options, ad-hoc scripts for the
+//! conversions, expiries — run through both, and every reply and the keyspace afterwards must agree.
+//!
+//! Time: the real server's clock runs. Every command is sent in one pipeline with a TIME before it, and the
+//! simulated server runs it at that time. What depends on the clock may differ by the time between the TIME
+//! and the command: µs timestamps (fencing tokens, grant times, queue scores, wherever they appear) and the
+//! ms left to live and since a grant are compared with a tolerance of 50 ms; everything else exactly. Error
+//! replies: the code always, the message too unless a script's own run failed (its message names a line).
+//!
+//! `SIM_KEYSPACE_SEQUENCES=n` runs n sequences (default 2,000); `SIM_KEYSPACE_SEED=n` one sequence, printing
+//! every command and both replies.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use distlock::simulation::redis::{production_scripts, SimServer, SimValue};
+use distlock_tests::RedisServer;
+use redis::aio::MultiplexedConnection;
+use redis::Value;
+
+use distlock_tests::sim_keyspace::{Check, Generator, Step};
+
+/// Every key with its value and ms to live (`None`: no expiry), as the simulated server's snapshot shows it.
+type Keyspace = BTreeMap<Vec<u8>, (SimValue, Option<i64>)>;
+
+/// The tolerance for what depends on the clock: 50 ms, in ms and in µs.
+const TOLERANCE_MS: i64 = 50;
+const TOLERANCE_US: i64 = 50_000;
+
+/// Prints past the test harness's capture.
+fn say(line: &str) {
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
+}
+
+fn env(name: &str) -> Option<u64> {
+    let value = std::env::var(name).ok()?;
+    Some(value.trim().parse().unwrap_or_else(|_| panic!("{name}={value:?} is not a number")))
+}
+
+/// The real server's side: one RESP3 connection.
+struct Real {
+    conn: MultiplexedConnection,
+}
+
+/// What one pipeline on the real server answered.
+struct Ran {
+    /// Each command's reply, with the server's clock (µs) just before it.
+    replies: Vec<(i64, Value)>,
+    /// The clock after the last command.
+    end: i64,
+    /// The keyspace right after that, when asked for.
+    dump: Option<Keyspace>,
+}
+
+/// A script that reads the whole keyspace in one call: each key with its type, value and PTTL.
+const DUMP: &str = "local out = {}
+for _, k in ipairs(redis.call('keys', '*')) do
+  local t = redis.call('type', k).ok
+  local v
+  if t == 'string' then v = redis.call('get', k) else v = redis.call('zrange', k, 0, -1, 'withscores') end
+  out[#out + 1] = {k, t, v, redis.call('pttl', k)}
+end
+return out";
+
+impl Real {
+    /// Sends one pipeline: `before` (their replies not looked at), then each of `commands` after a TIME, a
+    /// last TIME, and, with `dump`, the keyspace's dump. One round trip per phase keeps the test fast on a
+    /// loaded machine.
+    async fn run(&mut self, before: &[&[&str]], commands: &[Vec<Vec<u8>>], dump: bool) -> Ran {
+        let mut pipe = redis::pipe();
+        for command in before {
+            let mut cmd = redis::Cmd::new();
+            for arg in *command {
+                cmd.arg(*arg);
+            }
+            pipe.add_command(cmd);
+        }
+        for command in commands {
+            pipe.cmd("TIME");
+            let mut cmd = redis::Cmd::new();
+            for arg in command {
+                cmd.arg(arg.as_slice());
+            }
+            pipe.add_command(cmd);
+        }
+        pipe.cmd("TIME");
+        if dump {
+            pipe.cmd("EVAL").arg(DUMP).arg(0);
+        }
+        let count = before.len() + commands.len() * 2 + 1 + usize::from(dump);
+        let replies = self.conn.send_packed_commands(&pipe, 0, count).await.expect("the real server answers");
+        assert_eq!(replies.len(), count, "one reply per command");
+        let mut replies = replies.into_iter().skip(before.len());
+        let mut out = Vec::with_capacity(commands.len());
+        for _ in commands {
+            let (time, reply) = (replies.next().unwrap_or(Value::Nil), replies.next().unwrap_or(Value::Nil));
+            out.push((time_of(&time), reply));
+        }
+        let end = time_of(&replies.next().unwrap_or(Value::Nil));
+        let dump = replies.next().map(|reply| parse_dump(&reply));
+        Ran { replies: out, end, dump }
+    }
+
+    /// Every key matching `pattern` by a whole SCAN, COUNT `count`.
+    async fn scan(&mut self, pattern: &[u8], count: u32) -> Vec<Vec<u8>> {
+        let mut cursor = b"0".to_vec();
+        let mut keys = BTreeSet::new();
+        loop {
+            let command = [
+                b"SCAN".to_vec(),
+                cursor,
+                b"MATCH".to_vec(),
+                pattern.to_vec(),
+                b"COUNT".to_vec(),
+                count.to_string().into_bytes(),
+            ];
+            let ran = self.run(&[], &[command.to_vec()], false).await;
+            let (next, found) = scan_reply(&ran.replies[0].1);
+            keys.extend(found);
+            if next == b"0" {
+                return keys.into_iter().collect();
+            }
+            cursor = next;
+        }
+    }
+}
+
+/// The dump script's reply as the simulated server's snapshot shows a keyspace.
+fn parse_dump(reply: &Value) -> Keyspace {
+    let Value::Array(entries) = reply else { panic!("the dump: {reply:?}") };
+    let bulk = |v: &Value| match v {
+        Value::BulkString(b) => b.clone(),
+        other => panic!("the dump: {other:?}"),
+    };
+    let mut out = BTreeMap::new();
+    for entry in entries {
+        let Value::Array(fields) = entry else { panic!("the dump: {entry:?}") };
+        let value = match (bulk(&fields[1]).as_slice(), &fields[2]) {
+            (b"string", v) => SimValue::String(bulk(v)),
+            (b"zset", Value::Array(flat)) => SimValue::ZSet(
+                flat.chunks(2)
+                    .map(|pair| {
+                        let score = String::from_utf8(bulk(&pair[1])).ok().and_then(|s| s.parse().ok());
+                        (bulk(&pair[0]), score.unwrap_or_else(|| panic!("a score: {pair:?}")))
+                    })
+                    .collect(),
+            ),
+            other => panic!("the dump: {other:?}"),
+        };
+        let pttl = match fields[3] {
+            Value::Int(-1) => None,
+            Value::Int(ms) => Some(ms),
+            ref other => panic!("the dump's PTTL: {other:?}"),
+        };
+        out.insert(bulk(&fields[0]), (value, pttl));
+    }
+    out
+}
+
+/// A SCAN reply's cursor and keys.
+fn scan_reply(reply: &Value) -> (Vec<u8>, Vec<Vec<u8>>) {
+    match reply {
+        Value::Array(parts) => match (&parts[0], &parts[1]) {
+            (Value::BulkString(cursor), Value::Array(keys)) => (
+                cursor.clone(),
+                keys.iter()
+                    .map(|k| match k {
+                        Value::BulkString(k) => k.clone(),
+                        other => panic!("a SCAN key: {other:?}"),
+                    })
+                    .collect(),
+            ),
+            other => panic!("a SCAN reply: {other:?}"),
+        },
+        other => panic!("a SCAN reply: {other:?}"),
+    }
+}
+
+/// A TIME reply in µs.
+fn time_of(reply: &Value) -> i64 {
+    let field = |v: &Value| match v {
+        Value::BulkString(s) => std::str::from_utf8(s).ok().and_then(|s| s.parse::<i64>().ok()),
+        _ => None,
+    };
+    match reply {
+        Value::Array(parts) if parts.len() == 2 => match (field(&parts[0]), field(&parts[1])) {
+            (Some(s), Some(us)) => s * 1_000_000 + us,
+            _ => panic!("a TIME reply: {reply:?}"),
+        },
+        _ => panic!("a TIME reply: {reply:?}"),
+    }
+}
+
+/// What a run of sequences found.
+#[derive(Default)]
+struct Tally {
+    sequences: u64,
+    commands: u64,
+    differences: Vec<String>,
+    /// Scripts' own failures whose messages differ (the code and the failure agree): reported, not counted.
+    script_messages: u64,
+    /// Expiry phases that could not be judged: the real server took longer than the keys' lives.
+    racy: u64,
+}
+
+/// Runs sequence `seed` on both servers and records what differs.
+async fn sequence(seed: u64, real: &mut Real, trace: bool, tally: &mut Tally) {
+    let mut sim = SimServer::new();
+    let mut generator = Generator::new(seed);
+    sim.restart();
+    let mut differences = Vec::new();
+    let phases = generator.phases();
+    let mut dump = None;
+    for (i, phase) in phases.iter().enumerate() {
+        let commands: Vec<Vec<Vec<u8>>> = phase.steps.iter().map(|s| s.args.clone()).collect();
+        let before: &[&[&str]] = if i == 0 { &[&["FLUSHALL"], &["SCRIPT", "FLUSH"]] } else { &[] };
+        let ran = real.run(before, &commands, i + 1 == phases.len()).await;
+        if let Some(expiry) = phase.short_lived_until(&ran.replies) {
+            if ran.end >= expiry - 5_000 {
+                // The keys may have expired while the phase ran: its replies cannot be judged.
+                tally.racy += 1;
+                return;
+            }
+        }
+        for (step, (at, reply)) in phase.steps.iter().zip(ran.replies) {
+            let simulated = sim.execute(at, &step.args);
+            tally.commands += 1;
+            if trace {
+                say(&format!("{}\n  real: {reply:?}\n  sim:  {simulated:?}", step.shown()));
+            }
+            match compare(&reply, &simulated, step) {
+                Ok(Outcome::Same) => {}
+                Ok(Outcome::ScriptMessage) => tally.script_messages += 1,
+                Err(why) => differences
+                    .push(format!("seed {seed}: {}\n  real: {reply:?}\n  sim:  {simulated:?}\n  {why}", step.shown())),
+            }
+        }
+        if let Some(keys) = &phase.wait_for_expiry {
+            wait_until_gone(real, keys).await;
+        }
+        dump = ran.dump.map(|keys| (keys, ran.end));
+    }
+    let (real_keys, at) = dump.expect("the last phase dumps the keyspace");
+    let sim_keys = sim.snapshot(at);
+    if let Err(why) = same_keyspace(&real_keys, &sim_keys) {
+        differences
+            .push(format!("seed {seed}: the keyspaces differ: {why}\n  real: {real_keys:?}\n  sim:  {sim_keys:?}"));
+    }
+    // SCAN iterates in round trips: every fourth sequence.
+    if seed.is_multiple_of(4) {
+        for (pattern, count) in generator.scans() {
+            let found = real.scan(&pattern, count).await;
+            let simulated = sim_scan(&mut sim, at, &pattern, count);
+            if found != simulated {
+                differences.push(format!(
+                    "seed {seed}: SCAN MATCH {} COUNT {count}\n  real: {found:?}\n  sim:  {simulated:?}",
+                    String::from_utf8_lossy(&pattern)
+                ));
+            }
+        }
+    }
+    tally.sequences += 1;
+    tally.differences.extend(differences);
+}
+
+/// Every key the simulated server's SCAN returns over a whole iteration.
+fn sim_scan(sim: &mut SimServer, at: i64, pattern: &[u8], count: u32) -> Vec<Vec<u8>> {
+    let mut cursor = b"0".to_vec();
+    let mut keys = BTreeSet::new();
+    for _ in 0..10_000 {
+        let args = [
+            b"SCAN".to_vec(),
+            cursor,
+            b"MATCH".to_vec(),
+            pattern.to_vec(),
+            b"COUNT".to_vec(),
+            count.to_string().into_bytes(),
+        ];
+        let (next, found) = scan_reply(&sim.execute(at, &args));
+        keys.extend(found);
+        if next == b"0" {
+            break;
+        }
+        cursor = next;
+    }
+    keys.into_iter().collect()
+}
+
+/// Waits (polling EXISTS, at most 5 s) until none of `keys` is on the real server any more.
+async fn wait_until_gone(real: &mut Real, keys: &[Vec<u8>]) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut exists = vec![b"EXISTS".to_vec()];
+    exists.extend(keys.iter().cloned());
+    loop {
+        let mut ran = real.run(&[], std::slice::from_ref(&exists), false).await;
+        if matches!(ran.replies.pop(), Some((_, Value::Int(0)))) || Instant::now() > deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+}
+
+/// How a reply compared.
+enum Outcome {
+    Same,
+    /// Both are failures of the script's own run with the same code; the messages differ.
+    ScriptMessage,
+}
+
+/// Whether the real and the simulated reply agree, as the module's doc says.
+fn compare(real: &Value, sim: &Value, step: &Step) -> Result<Outcome, String> {
+    if let (Value::ServerError(r), Value::ServerError(s)) = (real, sim) {
+        if r.code() != s.code() {
+            return Err(format!("error codes {} and {}", r.code(), s.code()));
+        }
+        if r.details() == s.details() {
+            return Ok(Outcome::Same);
+        }
+        // A script's own run failed (its message names a line and the script): the code is what counts.
+        return if step.is_script() && r.details().is_some_and(|d| d.contains(" script: ")) {
+            Ok(Outcome::ScriptMessage)
+        } else {
+            Err("error messages differ".into())
+        };
+    }
+    same_value(real, sim, &step.check, &mut Vec::new()).map(|()| Outcome::Same)
+}
+
+/// Compares two values at `path` (indices from the reply's top), with the tolerances `check` gives.
+fn same_value(real: &Value, sim: &Value, check: &Check, path: &mut Vec<usize>) -> Result<(), String> {
+    let at = |path: &[usize]| format!("at {path:?}");
+    match (real, sim) {
+        (Value::Int(a), Value::Int(b)) => {
+            if a == b || close_timestamps(*a, *b) || check.tolerates(path, *a, *b) {
+                Ok(())
+            } else {
+                Err(format!("{} and {} {}", a, b, at(path)))
+            }
+        }
+        (Value::Double(a), Value::Double(b)) => {
+            if a == b || (*a >= 1e15 && *b >= 1e15 && (a - b).abs() <= TOLERANCE_US as f64) {
+                Ok(())
+            } else {
+                Err(format!("{a} and {b} {}", at(path)))
+            }
+        }
+        (Value::BulkString(a), Value::BulkString(b)) => {
+            if check.is_time(path) {
+                return Ok(());
+            }
+            same_text(a, b).map_err(|e| format!("{e} {}", at(path)))
+        }
+        (Value::Array(a), Value::Array(b)) if check.is_time_pair(path) && a.len() == 2 && b.len() == 2 => {
+            let (ra, sa) = (time_of(real), time_of(sim));
+            if (ra - sa).abs() <= TOLERANCE_US {
+                Ok(())
+            } else {
+                Err(format!("TIME {ra} and {sa}"))
+            }
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            if a.len() != b.len() {
+                return Err(format!("{} and {} elements {}", a.len(), b.len(), at(path)));
+            }
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                path.push(i);
+                same_value(x, y, check, path)?;
+                path.pop();
+            }
+            Ok(())
+        }
+        (Value::ServerError(a), Value::ServerError(b)) => {
+            if a.code() == b.code() && a.details() == b.details() {
+                Ok(())
+            } else {
+                Err(format!("errors {a:?} and {b:?} {}", at(path)))
+            }
+        }
+        (a, b) if a == b => Ok(()),
+        _ => Err(format!("different values {}", at(path))),
+    }
+}
+
+/// Two µs timestamps (16 digits or more) close enough to be the same moment seen a little apart.
+fn close_timestamps(a: i64, b: i64) -> bool {
+    a >= 1_000_000_000_000_000 && b >= 1_000_000_000_000_000 && (a - b).abs() <= TOLERANCE_US
+}
+
+/// Two byte strings equal but for µs timestamps in them (runs of 16 to 19 digits) that are close.
+fn same_text(a: &[u8], b: &[u8]) -> Result<(), String> {
+    if a == b {
+        return Ok(());
+    }
+    let (ta, tb) = (tokens(a), tokens(b));
+    let close = ta.len() == tb.len()
+        && ta.iter().zip(&tb).all(|(x, y)| {
+            x == y
+                || match (number(x), number(y)) {
+                    (Some(p), Some(q)) => close_timestamps(p, q),
+                    _ => false,
+                }
+        });
+    if close {
+        Ok(())
+    } else {
+        Err(format!("{:?} and {:?}", String::from_utf8_lossy(a), String::from_utf8_lossy(b)))
+    }
+}
+
+/// A string cut into runs of digits and runs of other bytes.
+fn tokens(s: &[u8]) -> Vec<&[u8]> {
+    s.chunk_by(|x, y| x.is_ascii_digit() == y.is_ascii_digit()).collect()
+}
+
+/// A run of 16 to 19 digits as a number.
+fn number(run: &[u8]) -> Option<i64> {
+    (16..=19).contains(&run.len()).then(|| std::str::from_utf8(run).ok()?.parse().ok()).flatten()
+}
+
+/// The two keyspaces hold the same keys with the same types and values, and lives within the tolerance.
+fn same_keyspace(real: &Keyspace, sim: &Keyspace) -> Result<(), String> {
+    let (rk, sk): (Vec<_>, Vec<_>) = (real.keys().collect(), sim.keys().collect());
+    if rk != sk {
+        return Err("the keys differ".into());
+    }
+    for ((key, (rv, rt)), (_, (sv, st))) in real.iter().zip(sim) {
+        let shown = String::from_utf8_lossy(key);
+        match (rv, sv) {
+            (SimValue::String(a), SimValue::String(b)) => same_text(a, b).map_err(|e| format!("{shown}: {e}"))?,
+            (SimValue::ZSet(a), SimValue::ZSet(b)) => {
+                let members_agree = a.len() == b.len()
+                    && a.iter().zip(b).all(|((m, x), (n, y))| {
+                        m == n && (x == y || (*x >= 1e15 && *y >= 1e15 && (x - y).abs() <= TOLERANCE_US as f64))
+                    });
+                if !members_agree {
+                    return Err(format!("{shown}: the sorted sets differ"));
+                }
+            }
+            _ => return Err(format!("{shown}: the types differ")),
+        }
+        match (rt, st) {
+            (None, None) => {}
+            (Some(a), Some(b)) if (a - b).abs() <= TOLERANCE_MS => {}
+            _ => return Err(format!("{shown}: lives {rt:?} and {st:?}")),
+        }
+    }
+    Ok(())
+}
+
+/// A real server and a RESP3 connection to it.
+async fn real_server() -> (RedisServer, Real) {
+    let server = RedisServer::new();
+    let url = format!("redis://127.0.0.1:{}/?protocol=resp3", server.port());
+    let client = redis::Client::open(url).expect("a RESP3 URL");
+    let conn = client.get_multiplexed_async_connection().await.expect("a RESP3 connection");
+    (server, Real { conn })
+}
+
+/// How many servers run sequences side by side: while one waits for keys to expire or for its server, the
+/// others go on.
+const WORKERS: u64 = 3;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulated_keyspace_agrees_with_redis_server() {
+    assert!(!production_scripts().is_empty(), "the production scripts");
+    let started = Instant::now();
+    let mut tally = Tally::default();
+    if let Some(seed) = env("SIM_KEYSPACE_SEED") {
+        let (_server, mut real) = real_server().await;
+        sequence(seed, &mut real, true, &mut tally).await;
+    } else {
+        let sequences = env("SIM_KEYSPACE_SEQUENCES").unwrap_or(2_000);
+        let mut workers = tokio::task::JoinSet::new();
+        for worker in 0..WORKERS {
+            workers.spawn(async move {
+                let (server, mut real) = real_server().await;
+                let mut tally = Tally::default();
+                for seed in (worker..sequences).step_by(WORKERS as usize) {
+                    sequence(seed, &mut real, false, &mut tally).await;
+                }
+                drop(server);
+                tally
+            });
+        }
+        while let Some(done) = workers.join_next().await {
+            let done = done.expect("a worker");
+            tally.sequences += done.sequences;
+            tally.commands += done.commands;
+            tally.script_messages += done.script_messages;
+            tally.racy += done.racy;
+            tally.differences.extend(done.differences);
+        }
+    }
+    for difference in tally.differences.iter().take(20) {
+        say(difference);
+    }
+    say(&format!(
+        "  ({:.1} s; {} script failures with the same code and another message; {} expiry phases too slow to judge)",
+        started.elapsed().as_secs_f64(),
+        tally.script_messages,
+        tally.racy
+    ));
+    say(&format!(
+        "sim_keyspace: {} sequences, {} commands, {} differences",
+        tally.sequences,
+        tally.commands,
+        tally.differences.len()
+    ));
+    assert!(
+        tally.differences.is_empty(),
+        "{} differences; replay one with SIM_KEYSPACE_SEED=<seed>",
+        tally.differences.len()
+    );
+}
