@@ -1,9 +1,9 @@
 //! The command table: each simulated command's name, arity and flags as redis-server 7.0 declares them
 //! (`commands.def`), and how a call finds its command, for clients and for scripts alike.
 
-use super::keyspace::{self as ks, Ctx, Keyspace};
+use super::keyspace::{Ctx, Keyspace};
 use super::reply::Reply;
-use super::zset;
+use super::{generic as ks, strings, zrange, zset};
 
 /// A command that reads or writes the keyspace.
 pub(super) type DataFn = fn(&mut Keyspace, &mut Ctx, &[Vec<u8>]) -> Reply;
@@ -65,11 +65,11 @@ const fn server(full_name: &'static str, arity: i32, kind: Kind) -> Command {
 
 /// Every command the simulated server knows, but SCRIPT's subcommands.
 static COMMANDS: [Command; 24] = [
-    data("get", 2, ks::get),
-    data("set", -3, ks::set),
-    data("setrange", 4, ks::setrange),
-    data("getrange", 4, ks::getrange),
-    data("getdel", 2, ks::getdel),
+    data("get", 2, strings::get),
+    data("set", -3, strings::set),
+    data("setrange", 4, strings::setrange),
+    data("getrange", 4, strings::getrange),
+    data("getdel", 2, strings::getdel),
     data("pexpire", -3, ks::pexpire),
     data("pttl", 2, ks::pttl),
     data("del", -2, ks::del),
@@ -79,7 +79,7 @@ static COMMANDS: [Command; 24] = [
     data("zadd", -4, zset::zadd),
     data("zscore", 3, zset::zscore),
     data("zrem", -3, zset::zrem),
-    data("zrange", -4, zset::zrange),
+    data("zrange", -4, zrange::zrange),
     data("zpopmin", -2, zset::zpopmin),
     data("zcard", 2, zset::zcard),
     data("publish", 3, ks::publish),

@@ -4,19 +4,24 @@
 //! RESP3 client. `tests/tests/sim_keyspace.rs` drives it and a real redis-server with the same seeded command
 //! sequences and finds no difference.
 //!
-//! The parts: `commands.rs` (the command table), `keyspace.rs` (values, expiry, string and generic commands),
-//! `zset.rs` (sorted sets), `lua.rs` (the script engine, EVAL/EVALSHA/SCRIPT, and the conversions between
-//! Redis replies and Lua values), `parse.rs` (Redis's number, pattern and double-printing rules), `reply.rs`
-//! (replies before they meet a protocol).
+//! The parts: `commands.rs` (the command table), `keyspace.rs` (values, expiry, a call's context),
+//! `strings.rs`, `generic.rs`, `zset.rs` and `zrange.rs` (the commands), `lua.rs` (the script engine:
+//! EVAL, EVALSHA, SCRIPT), `api.rs` (the `redis` table scripts call), `convert.rs` (between Redis replies and
+//! Lua values), `parse.rs` (Redis's number, pattern and double-printing rules), `reply.rs` (replies before
+//! they meet a protocol).
 
+mod api;
 mod commands;
 mod convert;
+mod generic;
 mod keyspace;
 mod lua;
 mod parse;
 mod reply;
+mod strings;
 #[cfg(test)]
 mod tests;
+mod zrange;
 mod zset;
 
 use std::collections::BTreeMap;
