@@ -19,10 +19,10 @@ use std::collections::HashMap;
 use std::fmt;
 
 use mlua::chunk::ChunkMode;
-use mlua::{Function, Lua, LuaOptions, LuaString, StdLib, Table, Value};
+use mlua::{Function, HookTriggers, Lua, LuaOptions, LuaString, StdLib, Table, Value, VmState};
 
 use super::api;
-use super::convert;
+use super::convert::{self, raise};
 use super::keyspace::{int_arg, Ctx, Keyspace};
 use super::parse::format_g;
 use super::reply::{Reply, NOSCRIPT};
@@ -33,7 +33,14 @@ use super::reply::{Reply, NOSCRIPT};
 pub(super) struct Run {
     pub(super) keyspace: Keyspace,
     pub(super) ctx: Ctx,
+    /// Millions of Lua instructions the script has run (counted by the engine's hook).
+    instructions: u64,
 }
+
+/// The most Lua instructions one script may run, in millions. Redis lets a script run for ever (others get
+/// BUSY until SCRIPT KILL); a simulation cannot wait for ever, so a script that runs away fails instead. The
+/// production scripts run a few thousand.
+const INSTRUCTION_BUDGET: u64 = 100;
 
 /// The Lua state and the script cache.
 pub(super) struct Engine {
@@ -115,6 +122,18 @@ impl Engine {
         let (env, runner): (Table, Function) = lua.load(SETUP).set_name("=sim").call((globals.clone(), unwrap))?;
         let tostring: Function = globals.raw_get("tostring")?;
         let handler = lua.create_function(move |lua, error: Value| error_handler(lua, &tostring, error))?;
+        lua.set_hook(HookTriggers::new().every_nth_instruction(1_000_000), |lua, _| {
+            let spent = lua.app_data_mut::<Run>().map(|mut run| {
+                run.instructions += 1;
+                run.instructions
+            });
+            match spent {
+                Some(spent) if spent > INSTRUCTION_BUDGET => {
+                    raise(b"ERR the script ran past the simulated server's instruction budget".to_vec())
+                }
+                _ => Ok(VmState::Continue),
+            }
+        })?;
         Ok(Self { lua, globals, env, runner, handler, scripts: HashMap::new() })
     }
 
@@ -213,7 +232,7 @@ impl Engine {
         let mut lent = Ctx::new(ctx.now_us);
         std::mem::swap(&mut lent, ctx);
         lent.resp3 = false;
-        self.lua.set_app_data(Run { keyspace: std::mem::take(keyspace), ctx: lent });
+        self.lua.set_app_data(Run { keyspace: std::mem::take(keyspace), ctx: lent, instructions: 0 });
         let outcome = self.runner.call::<(bool, Value)>((function, self.handler.clone()));
         if let Some(run) = self.lua.remove_app_data::<Run>() {
             *keyspace = run.keyspace;

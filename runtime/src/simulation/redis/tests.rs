@@ -213,6 +213,8 @@ fn script_errors_keep_their_code_and_the_writes_before_them() {
         assert_eq!(code, "ERR", "{script}");
         assert!(message.starts_with(text), "{script}: {message}");
     }
+    let (code, runaway) = error(&run(&mut sim, NOW, &["EVAL", "while true do end", "0"]));
+    assert_eq!(code, "ERR", "a script that never ends fails instead of hanging the simulation: {runaway}");
     let (_, compile) = error(&run(&mut sim, NOW, &["EVAL", "return 1 +", "0"]));
     assert_eq!(compile, "Error compiling script (new function): user_script:1: unexpected symbol near '<eof>'");
 }
