@@ -10,7 +10,7 @@
 //! replies: the code always, the message too unless a script's own run failed (its message names a line).
 //!
 //! `SIM_KEYSPACE_SEQUENCES=n` runs n sequences (default 2,000); `SIM_KEYSPACE_SEED=n` one sequence, printing
-//! every command and both replies.
+//! every command and both replies; `SIM_KEYSPACE_COVERAGE=1` also prints how each production script replied.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -21,14 +21,7 @@ use distlock_tests::RedisServer;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 
-use distlock_tests::sim_keyspace::{Check, Generator, Step};
-
-/// Every key with its value and ms to live (`None`: no expiry), as the simulated server's snapshot shows it.
-type Keyspace = BTreeMap<Vec<u8>, (SimValue, Option<i64>)>;
-
-/// The tolerance for what depends on the clock: 50 ms, in ms and in µs.
-const TOLERANCE_MS: i64 = 50;
-const TOLERANCE_US: i64 = 50_000;
+use distlock_tests::sim_keyspace::{compare, same_keyspace, time_of, Generator, Keyspace, Outcome};
 
 /// Prints past the test harness's capture.
 fn say(line: &str) {
@@ -179,21 +172,6 @@ fn scan_reply(reply: &Value) -> (Vec<u8>, Vec<Vec<u8>>) {
     }
 }
 
-/// A TIME reply in µs.
-fn time_of(reply: &Value) -> i64 {
-    let field = |v: &Value| match v {
-        Value::BulkString(s) => std::str::from_utf8(s).ok().and_then(|s| s.parse::<i64>().ok()),
-        _ => None,
-    };
-    match reply {
-        Value::Array(parts) if parts.len() == 2 => match (field(&parts[0]), field(&parts[1])) {
-            (Some(s), Some(us)) => s * 1_000_000 + us,
-            _ => panic!("a TIME reply: {reply:?}"),
-        },
-        _ => panic!("a TIME reply: {reply:?}"),
-    }
-}
-
 /// What a run of sequences found.
 #[derive(Default)]
 struct Tally {
@@ -204,6 +182,29 @@ struct Tally {
     script_messages: u64,
     /// Expiry phases that could not be judged: the real server took longer than the keys' lives.
     racy: u64,
+    /// Per production script (variants together), how often the real server replied in each way.
+    outcomes: BTreeMap<String, BTreeMap<String, u64>>,
+}
+
+/// A reply in a word, for the coverage table: an error's code, a fence, an integer, or an array by its first
+/// element (the numbered frame's reply inside it).
+fn outcome(what: &str, reply: &Value) -> String {
+    let reply = match reply {
+        Value::Array(framed) if what.contains(' ') && framed.len() == 2 => &framed[1],
+        other => other,
+    };
+    match reply {
+        Value::ServerError(e) => format!("error {}", e.code()),
+        Value::Int(n) if *n >= 1_000_000_000_000_000 => "fence".into(),
+        Value::Int(n) => format!("{n}"),
+        Value::BulkString(_) => "string".into(),
+        Value::Array(items) => match items.first() {
+            None => "[]".into(),
+            Some(first) => format!("[{} …]", outcome("", first)),
+        },
+        Value::Nil => "nil".into(),
+        other => format!("{other:?}"),
+    }
 }
 
 /// Runs sequence `seed` on both servers and records what differs.
@@ -228,6 +229,10 @@ async fn sequence(seed: u64, real: &mut Real, trace: bool, tally: &mut Tally) {
         for (step, (at, reply)) in phase.steps.iter().zip(ran.replies) {
             let simulated = sim.execute(at, &step.args);
             tally.commands += 1;
+            if step.is_script() && step.what() != "snippet" {
+                let script = step.what().split(' ').next().unwrap_or_default().to_owned();
+                *tally.outcomes.entry(script).or_default().entry(outcome(step.what(), &reply)).or_default() += 1;
+            }
             if trace {
                 say(&format!("{}\n  real: {reply:?}\n  sim:  {simulated:?}", step.shown()));
             }
@@ -303,153 +308,6 @@ async fn wait_until_gone(real: &mut Real, keys: &[Vec<u8>]) {
     }
 }
 
-/// How a reply compared.
-enum Outcome {
-    Same,
-    /// Both are failures of the script's own run with the same code; the messages differ.
-    ScriptMessage,
-}
-
-/// Whether the real and the simulated reply agree, as the module's doc says.
-fn compare(real: &Value, sim: &Value, step: &Step) -> Result<Outcome, String> {
-    if let (Value::ServerError(r), Value::ServerError(s)) = (real, sim) {
-        if r.code() != s.code() {
-            return Err(format!("error codes {} and {}", r.code(), s.code()));
-        }
-        if r.details() == s.details() {
-            return Ok(Outcome::Same);
-        }
-        // A script's own run failed (its message names a line and the script): the code is what counts.
-        return if step.is_script() && r.details().is_some_and(|d| d.contains(" script: ")) {
-            Ok(Outcome::ScriptMessage)
-        } else {
-            Err("error messages differ".into())
-        };
-    }
-    same_value(real, sim, &step.check, &mut Vec::new()).map(|()| Outcome::Same)
-}
-
-/// Compares two values at `path` (indices from the reply's top), with the tolerances `check` gives.
-fn same_value(real: &Value, sim: &Value, check: &Check, path: &mut Vec<usize>) -> Result<(), String> {
-    let at = |path: &[usize]| format!("at {path:?}");
-    match (real, sim) {
-        (Value::Int(a), Value::Int(b)) => {
-            if a == b || close_timestamps(*a, *b) || check.tolerates(path, *a, *b) {
-                Ok(())
-            } else {
-                Err(format!("{} and {} {}", a, b, at(path)))
-            }
-        }
-        (Value::Double(a), Value::Double(b)) => {
-            if a == b || (*a >= 1e15 && *b >= 1e15 && (a - b).abs() <= TOLERANCE_US as f64) {
-                Ok(())
-            } else {
-                Err(format!("{a} and {b} {}", at(path)))
-            }
-        }
-        (Value::BulkString(a), Value::BulkString(b)) => {
-            if check.is_time(path) {
-                return Ok(());
-            }
-            same_text(a, b).map_err(|e| format!("{e} {}", at(path)))
-        }
-        (Value::Array(a), Value::Array(b)) if check.is_time_pair(path) && a.len() == 2 && b.len() == 2 => {
-            let (ra, sa) = (time_of(real), time_of(sim));
-            if (ra - sa).abs() <= TOLERANCE_US {
-                Ok(())
-            } else {
-                Err(format!("TIME {ra} and {sa}"))
-            }
-        }
-        (Value::Array(a), Value::Array(b)) => {
-            if a.len() != b.len() {
-                return Err(format!("{} and {} elements {}", a.len(), b.len(), at(path)));
-            }
-            for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                path.push(i);
-                same_value(x, y, check, path)?;
-                path.pop();
-            }
-            Ok(())
-        }
-        (Value::ServerError(a), Value::ServerError(b)) => {
-            if a.code() == b.code() && a.details() == b.details() {
-                Ok(())
-            } else {
-                Err(format!("errors {a:?} and {b:?} {}", at(path)))
-            }
-        }
-        (a, b) if a == b => Ok(()),
-        _ => Err(format!("different values {}", at(path))),
-    }
-}
-
-/// Two µs timestamps (16 digits or more) close enough to be the same moment seen a little apart.
-fn close_timestamps(a: i64, b: i64) -> bool {
-    a >= 1_000_000_000_000_000 && b >= 1_000_000_000_000_000 && (a - b).abs() <= TOLERANCE_US
-}
-
-/// Two byte strings equal but for µs timestamps in them (runs of 16 to 19 digits) that are close.
-fn same_text(a: &[u8], b: &[u8]) -> Result<(), String> {
-    if a == b {
-        return Ok(());
-    }
-    let (ta, tb) = (tokens(a), tokens(b));
-    let close = ta.len() == tb.len()
-        && ta.iter().zip(&tb).all(|(x, y)| {
-            x == y
-                || match (number(x), number(y)) {
-                    (Some(p), Some(q)) => close_timestamps(p, q),
-                    _ => false,
-                }
-        });
-    if close {
-        Ok(())
-    } else {
-        Err(format!("{:?} and {:?}", String::from_utf8_lossy(a), String::from_utf8_lossy(b)))
-    }
-}
-
-/// A string cut into runs of digits and runs of other bytes.
-fn tokens(s: &[u8]) -> Vec<&[u8]> {
-    s.chunk_by(|x, y| x.is_ascii_digit() == y.is_ascii_digit()).collect()
-}
-
-/// A run of 16 to 19 digits as a number.
-fn number(run: &[u8]) -> Option<i64> {
-    (16..=19).contains(&run.len()).then(|| std::str::from_utf8(run).ok()?.parse().ok()).flatten()
-}
-
-/// The two keyspaces hold the same keys with the same types and values, and lives within the tolerance.
-fn same_keyspace(real: &Keyspace, sim: &Keyspace) -> Result<(), String> {
-    let (rk, sk): (Vec<_>, Vec<_>) = (real.keys().collect(), sim.keys().collect());
-    if rk != sk {
-        return Err("the keys differ".into());
-    }
-    for ((key, (rv, rt)), (_, (sv, st))) in real.iter().zip(sim) {
-        let shown = String::from_utf8_lossy(key);
-        match (rv, sv) {
-            (SimValue::String(a), SimValue::String(b)) => same_text(a, b).map_err(|e| format!("{shown}: {e}"))?,
-            (SimValue::ZSet(a), SimValue::ZSet(b)) => {
-                let members_agree = a.len() == b.len()
-                    && a.iter().zip(b).all(|((m, x), (n, y))| {
-                        m == n && (x == y || (*x >= 1e15 && *y >= 1e15 && (x - y).abs() <= TOLERANCE_US as f64))
-                    });
-                if !members_agree {
-                    return Err(format!("{shown}: the sorted sets differ"));
-                }
-            }
-            _ => return Err(format!("{shown}: the types differ")),
-        }
-        match (rt, st) {
-            (None, None) => {}
-            (Some(a), Some(b)) if (a - b).abs() <= TOLERANCE_MS => {}
-            _ => return Err(format!("{shown}: lives {rt:?} and {st:?}")),
-        }
-    }
-    Ok(())
-}
-
 /// A real server and a RESP3 connection to it.
 async fn real_server() -> (RedisServer, Real) {
     let server = RedisServer::new();
@@ -491,11 +349,24 @@ async fn simulated_keyspace_agrees_with_redis_server() {
             tally.commands += done.commands;
             tally.script_messages += done.script_messages;
             tally.racy += done.racy;
+            for (script, outcomes) in done.outcomes {
+                for (outcome, count) in outcomes {
+                    *tally.outcomes.entry(script.clone()).or_default().entry(outcome).or_default() += count;
+                }
+            }
             tally.differences.extend(done.differences);
         }
     }
     for difference in tally.differences.iter().take(20) {
         say(difference);
+    }
+    if std::env::var_os("SIM_KEYSPACE_COVERAGE").is_some() {
+        for (script, outcomes) in &tally.outcomes {
+            let mut counts: Vec<(&String, &u64)> = outcomes.iter().collect();
+            counts.sort_by(|a, b| b.1.cmp(a.1));
+            let shown: Vec<String> = counts.iter().take(8).map(|(o, n)| format!("{o} {n}")).collect();
+            say(&format!("  {script}: {}", shown.join(", ")));
+        }
     }
     say(&format!(
         "  ({:.1} s; {} script failures with the same code and another message; {} expiry phases too slow to judge)",
