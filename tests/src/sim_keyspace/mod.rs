@@ -52,7 +52,7 @@ pub(crate) const KEYS: [&str; 10] = [
     "z1",
 ];
 /// Values raw commands write: plain ones, and ones that look like records (or nearly).
-pub(crate) const VALUES: [&str; 9] = [
+pub(crate) const VALUES: [&str; 10] = [
     "v",
     "",
     "123",
@@ -62,6 +62,7 @@ pub(crate) const VALUES: [&str; 9] = [
     "----------------0123456789abcdef:5:1700000000000000:0:",
     "1:2:3:4",
     "abc def\u{e9}",
+    "nul\u{0}byte",
 ];
 pub(crate) const HOLDERS: [&str; 4] = ["5:owner", "7:billing:job:42", "0:", "12:web-3:4242app::jobs"];
 pub(crate) const BAD: [&str; 7] = ["0", "-1", "abc", "", "1.5", "9223372036854775807", "1e3"];
@@ -255,11 +256,23 @@ impl Generator {
         phases
     }
 
-    /// SCANs to compare after the sequence: a pattern and a COUNT.
-    pub fn scans(&mut self) -> Vec<(Vec<u8>, u32)> {
+    /// SCANs to compare after the sequence: the options after the cursor (MATCH, COUNT, TYPE, in any order).
+    pub fn scans(&mut self) -> Vec<Vec<Vec<u8>>> {
         let patterns =
             ["*", "{a}*", "*:queue", "?a*", "[a-c]*", "{[ab]}*", "*waiter*", "\\{a\\}*", "[^{]*", "*[", "s?"];
-        (0..2).map(|_| (self.pick(&patterns).as_bytes().to_vec(), self.rng.u32(1..12))).collect()
+        (0..2)
+            .map(|_| {
+                let mut options: Vec<[String; 2]> = vec![["COUNT".into(), self.rng.u32(1..12).to_string()]];
+                if self.rng.u8(..4) > 0 {
+                    options.push(["MATCH".into(), self.pick(&patterns).into()]);
+                }
+                if self.rng.u8(..4) == 0 {
+                    options.push(["TYPE".into(), self.pick(&["string", "zset", "ZSET", "hash"]).into()]);
+                }
+                self.rng.shuffle(&mut options);
+                options.into_iter().flatten().map(String::into_bytes).collect()
+            })
+            .collect()
     }
 
     /// The expiry phases: a lock on `{e}` (its own record, which the main phase never touches) with a waiter

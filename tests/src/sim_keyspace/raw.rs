@@ -165,11 +165,16 @@ impl Generator {
                 3 => vec!["EVAL", "return KEYS[1]", "1"],
                 _ => vec!["EVAL"],
             },
-            28 => match self.rng.u8(..4) {
+            28 => match self.rng.u8(..8) {
                 0 => vec!["FOO", "a", "b"],
                 1 => vec!["GET"],
                 2 => vec!["GET", k, k2],
-                _ => vec!["ZADD", k, "1"],
+                3 => vec!["ZADD", k, "1"],
+                // SCAN's refusals (its cursors are not Redis's; whole iterations are compared after the sequence).
+                4 => vec!["SCAN", self.pick(&["x", " 1", "1 ", "18446744073709551616"])],
+                5 => vec!["SCAN", "0", "COUNT", self.pick(&["0", "-1", "abc"])],
+                6 => vec!["SCAN", "0", self.pick(&["MATCH", "FOO", "TYPE"])],
+                _ => vec!["SCAN", "0", "COUNT", "5", "MATCH"],
             },
             _ => vec!["SET", k, v, "PX", self.pick(&TTLS)],
         };

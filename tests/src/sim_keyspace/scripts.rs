@@ -3,7 +3,7 @@
 use super::{Check, Generator, Step, HOLDERS, KEYS, RECORDS, TTLS, VALUES};
 
 /// The ad-hoc scripts: the conversions both ways, `redis.*`, errors, globals, writes before a failure.
-const SNIPPETS: [&str; 40] = [
+const SNIPPETS: [&str; 59] = [
     "return {1, 2.9, -2.9, 'x', false, true, {ok='fine'}, {err='E bad'}, nil, 4}",
     "return 1e20",
     "return -7.99",
@@ -44,6 +44,26 @@ const SNIPPETS: [&str; 40] = [
     "return redis.call('del', KEYS[1], KEYS[1])",
     "local function f() return redis.call('zcard', KEYS[1]) end return f() + 1",
     "return 1 +",
+    "return redis.call('SET', KEYS[1], 'x', 'GET')",
+    "return redis.pcall('set', KEYS[1], true)",
+    "return redis.pcall('script', 'flush')",
+    "return redis.error_reply('-NEG x')",
+    "return redis.sha1hex(5)",
+    "return {map={a=1}}",
+    "return {set={b=true}}",
+    "redis.setresp(4)",
+    "return {err=5}",
+    "return pcall(error)",
+    "error(redis.error_reply('MINE y'))",
+    "return redis.call('get', KEYS[1], 'extra')",
+    "local ok, e = pcall(redis.call, 'get') return e",
+    "return redis.call()",
+    "return {redis.acl_check_cmd('get', 'x'), redis.breakpoint(), redis.replicate_commands()}",
+    "return redis.acl_check_cmd('nosuch')",
+    "redis.set_repl(redis.REPL_ALL) return redis.REDIS_VERSION_NUM",
+    "return {math.huge, -0.5, -math.huge}",
+    "redis.call('zadd', 'zz', 0.1, 'q', 1e20, 'r', 1/3, 's', -2.5e-7, 't', 1700000000123456, 'u') \
+     return {redis.call('zrange', 'zz', 0, -1, 'withscores'), redis.call('zscore', 'zz', 's')}",
 ];
 
 impl Generator {
