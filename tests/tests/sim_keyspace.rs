@@ -387,7 +387,7 @@ async fn keys_expire_after_the_ms_of_their_expiry_on_both_servers() {
         let now = real.run(&[], &[], false).await.end;
         let when = now.div_euclid(1000) + 3;
         let set = vec![b"SET".to_vec(), b"k".to_vec(), b"v".to_vec(), b"PXAT".to_vec(), when.to_string().into_bytes()];
-        let ran = real.run(&[&["DEL", "k"]], &[set.clone()], false).await;
+        let ran = real.run(&[&["DEL", "k"]], std::slice::from_ref(&set), false).await;
         sim.restart();
         sim.execute(ran.replies[0].0, &set);
         let deadline = Instant::now() + Duration::from_millis(50);
