@@ -204,9 +204,9 @@ fn outcome(what: &str, reply: &Value) -> String {
     }
 }
 
-/// Runs sequence `seed` on both servers and records what differs.
-async fn sequence(seed: u64, real: &mut Real, trace: bool, tally: &mut Tally) {
-    let mut sim = SimServer::new();
+/// Runs sequence `seed` on both servers, each started afresh (FLUSHALL and SCRIPT FLUSH on the real one, a
+/// restart of the simulated one), and records what differs.
+async fn sequence(seed: u64, real: &mut Real, sim: &mut SimServer, trace: bool, tally: &mut Tally) {
     let mut generator = Generator::new(seed);
     sim.restart();
     let mut differences = Vec::new();
@@ -255,7 +255,7 @@ async fn sequence(seed: u64, real: &mut Real, trace: bool, tally: &mut Tally) {
     if seed.is_multiple_of(4) {
         for options in generator.scans() {
             let found = real.scan(&options).await;
-            let simulated = sim_scan(&mut sim, at, &options);
+            let simulated = sim_scan(sim, at, &options);
             if found != simulated {
                 let shown: Vec<_> = options.iter().map(|o| String::from_utf8_lossy(o)).collect();
                 differences
@@ -316,16 +316,16 @@ async fn simulated_keyspace_agrees_with_redis_server() {
     let mut tally = Tally::default();
     if let Some(seed) = env("SIM_KEYSPACE_SEED") {
         let (_server, mut real) = real_server().await;
-        sequence(seed, &mut real, true, &mut tally).await;
+        sequence(seed, &mut real, &mut SimServer::new(), true, &mut tally).await;
     } else {
         let sequences = env("SIM_KEYSPACE_SEQUENCES").unwrap_or(2_000);
         let mut workers = tokio::task::JoinSet::new();
         for worker in 0..WORKERS {
             workers.spawn(async move {
                 let (server, mut real) = real_server().await;
-                let mut tally = Tally::default();
+                let (mut sim, mut tally) = (SimServer::new(), Tally::default());
                 for seed in (worker..sequences).step_by(WORKERS as usize) {
-                    sequence(seed, &mut real, false, &mut tally).await;
+                    sequence(seed, &mut real, &mut sim, false, &mut tally).await;
                 }
                 drop(server);
                 tally

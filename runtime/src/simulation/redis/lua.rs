@@ -15,7 +15,7 @@
 //! table through mlua, so it raises a Rust error carrying the text, and the two places where Redis's code
 //! reads the error — its `pcall` and the script's error handler — turn it back into what Redis has there.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use mlua::chunk::ChunkMode;
@@ -53,8 +53,12 @@ pub(super) struct Engine {
     runner: Function,
     /// The error handler: Redis's `__redis__err__handler`.
     handler: Function,
-    /// The scripts by the lower-case hex SHA1 of their text.
-    scripts: HashMap<Vec<u8>, Function>,
+    /// The scripts the server has cached (EVAL, SCRIPT LOAD), by the lower-case hex SHA1 of their text.
+    scripts: HashSet<Vec<u8>>,
+    /// Every script ever compiled, by SHA1: what a SCRIPT FLUSH or a restart drops is compiled again only in
+    /// name (a compiled script holds no state; compiling the large ones again cost the simulation more than
+    /// anything else it did per restart).
+    compiled: HashMap<Vec<u8>, Function>,
 }
 
 impl fmt::Debug for Engine {
@@ -134,10 +138,22 @@ impl Engine {
                 _ => Ok(VmState::Continue),
             }
         })?;
-        Ok(Self { lua, globals, env, runner, handler, scripts: HashMap::new() })
+        Ok(Self { lua, globals, env, runner, handler, scripts: HashSet::new(), compiled: HashMap::new() })
     }
 
-    /// Compiles a script as Redis does (`luaCreateFunction`: chunk `@user_script`, text only).
+    /// Caches the script `body` (SHA1 `sha`), compiled as Redis compiles it (`luaCreateFunction`: chunk
+    /// `@user_script`, text only), or the compiler's error reply.
+    fn cache(&mut self, sha: &[u8], body: &[u8]) -> Result<Function, Reply> {
+        if let Some(function) = self.compiled.get(sha) {
+            self.scripts.insert(sha.to_vec());
+            return Ok(function.clone());
+        }
+        let function = self.compile(body)?;
+        self.compiled.insert(sha.to_vec(), function.clone());
+        self.scripts.insert(sha.to_vec());
+        Ok(function)
+    }
+
     fn compile(&self, body: &[u8]) -> Result<Function, Reply> {
         let chunk = self.lua.load(body).set_name("@user_script").set_mode(ChunkMode::Text);
         chunk.set_environment(self.env.clone()).into_function().map_err(|e| {
@@ -152,18 +168,15 @@ impl Engine {
     /// SCRIPT LOAD script: its SHA1, the script compiled and cached.
     pub(super) fn load(&mut self, body: &[u8]) -> Reply {
         let sha = sha1_hex(body);
-        if !self.scripts.contains_key(&sha) {
-            match self.compile(body) {
-                Ok(function) => self.scripts.insert(sha.clone(), function),
-                Err(reply) => return reply,
-            };
+        match self.cache(&sha, body) {
+            Ok(_) => Reply::Bulk(sha),
+            Err(reply) => reply,
         }
-        Reply::Bulk(sha)
     }
 
     /// SCRIPT EXISTS sha [sha ...] (any case).
     pub(super) fn exists(&self, shas: &[Vec<u8>]) -> Reply {
-        Reply::Array(shas.iter().map(|s| Reply::Int(i64::from(self.scripts.contains_key(&lower(s))))).collect())
+        Reply::Array(shas.iter().map(|s| Reply::Int(i64::from(self.scripts.contains(&lower(s))))).collect())
     }
 
     /// SCRIPT FLUSH.
@@ -187,11 +200,12 @@ impl Engine {
             Err(e) => return e,
         };
         let sha = if by_sha { lower(&args[1]) } else { sha1_hex(&args[1]) };
-        let function = match self.scripts.get(&sha) {
-            Some(function) => function.clone(),
+        let cached = self.scripts.contains(&sha).then(|| self.compiled.get(&sha).cloned()).flatten();
+        let function = match cached {
+            Some(function) => function,
             None if by_sha => return Reply::error(NOSCRIPT),
-            None => match self.compile(&args[1]) {
-                Ok(function) => self.scripts.entry(sha.clone()).or_insert(function).clone(),
+            None => match self.cache(&sha, &args[1]) {
+                Ok(function) => function,
                 Err(reply) => return reply,
             },
         };

@@ -116,10 +116,11 @@ impl SimRedis {
         }
     }
 
-    /// A restart without persistence: the keyspace and the script cache are gone (the Lua state is made anew,
-    /// as a new process has it).
+    /// A restart without persistence: the keyspace and the script cache are gone. The Lua state stays: its
+    /// globals are read-only to scripts, so a script leaves nothing in it that a new process would not have.
     pub(crate) fn restart(&mut self) {
-        *self = Self::new();
+        self.keyspace = Keyspace::default();
+        self.engine.flush();
     }
 
     /// A replica applies its primary's effects.
