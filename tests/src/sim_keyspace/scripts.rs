@@ -3,7 +3,7 @@
 use super::{Check, Generator, Step, HOLDERS, KEYS, RECORDS, TTLS, VALUES};
 
 /// The ad-hoc scripts: the conversions both ways, `redis.*`, errors, globals, writes before a failure.
-const SNIPPETS: [&str; 59] = [
+const SNIPPETS: [&str; 61] = [
     "return {1, 2.9, -2.9, 'x', false, true, {ok='fine'}, {err='E bad'}, nil, 4}",
     "return 1e20",
     "return -7.99",
@@ -62,6 +62,8 @@ const SNIPPETS: [&str; 59] = [
     "return redis.acl_check_cmd('nosuch')",
     "redis.set_repl(redis.REPL_ALL) return redis.REDIS_VERSION_NUM",
     "return {math.huge, -0.5, -math.huge}",
+    "return type(getfenv)",
+    "return {type(loadstring), type(gcinfo), type(unpack), type(load), type(coroutine.wrap), _VERSION}",
     "redis.call('zadd', 'zz', 0.1, 'q', 1e20, 'r', 1/3, 's', -2.5e-7, 't', 1700000000123456, 'u') \
      return {redis.call('zrange', 'zz', 0, -1, 'withscores'), redis.call('zscore', 'zz', 's')}",
 ];

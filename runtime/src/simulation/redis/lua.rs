@@ -2,14 +2,14 @@
 //! sets up its scripting environment (`eval.c`, `script_lua.c`), its script cache by SHA1, and EVAL, EVALSHA
 //! and SCRIPT LOAD / EXISTS / FLUSH.
 //!
-//! What scripts see: the base, table, string and math libraries (without `dofile`, `loadfile` and `print`,
-//! which Redis removes); the `redis` table (`call`, `pcall`, `error_reply`, `status_reply`, `sha1hex`, `log`
-//! and its levels, `setresp`, `set_repl` and its flags, `replicate_commands`, `breakpoint`, `debug`,
-//! `acl_check_cmd`, the version); KEYS and ARGV; Redis's `pcall`, which hands a script the text of a Redis
-//! error instead of its table. Globals are read-only, and reading one that does not exist is an error, with
-//! Redis's messages: a script runs with a proxy of the globals as its environment, and the library tables
+//! What scripts see: the base, table, string and math libraries as redis-server 7.0.15 has them (without
+//! `dofile`, `loadfile`, `print`, `getfenv`, `setfenv` and `newproxy`; its `cjson`, `cmsgpack`, `struct` and
+//! `bit` are missing here, and `math.random` is Lua's own, not Redis's rand48: distlock's scripts use none of
+//! them); the `redis` table (`api.rs`); KEYS and ARGV; Redis's `pcall`, which hands a script the text of a
+//! Redis error instead of its table. Globals are read-only, and reading one that does not exist is an error,
+//! with Redis's messages: a script runs with a proxy of the globals as its environment, and the library tables
 //! are proxies too (Redis 7.0 marks the real tables read-only inside its patched Lua, which mlua's Lua
-//! cannot).
+//! cannot; so `pairs(_G)` finds nothing here).
 //!
 //! Errors: Redis raises `{err = "CODE detail"}` tables from `redis.call`; a Rust function cannot raise a Lua
 //! table through mlua, so it raises a Rust error carrying the text, and the two places where Redis's code
@@ -110,7 +110,8 @@ impl Engine {
     fn build() -> mlua::Result<Self> {
         let lua = Lua::new_with(StdLib::TABLE | StdLib::STRING | StdLib::MATH, LuaOptions::default())?;
         let globals = lua.globals();
-        for removed in ["dofile", "loadfile", "print"] {
+        // What redis-server 7.0.15's scripts do not see of the base library.
+        for removed in ["dofile", "loadfile", "print", "getfenv", "setfenv", "newproxy"] {
             globals.raw_set(removed, Value::Nil)?;
         }
         globals.raw_set("redis", api::redis_table(&lua)?)?;
