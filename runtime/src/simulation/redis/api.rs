@@ -85,17 +85,11 @@ pub(super) fn redis_table(lua: &Lua) -> mlua::Result<Table> {
     redis.raw_set(
         "log",
         lua.create_function(|_, args: MultiValue| -> mlua::Result<()> {
-            let level = match args.front() {
-                _ if args.len() < 2 => return raise(b"ERR redis.log() requires two arguments or more.".to_vec()),
-                Some(Value::Integer(n)) => *n as f64,
-                Some(Value::Number(x)) => *x,
-                Some(Value::String(s)) => {
-                    match std::str::from_utf8(&s.as_bytes()).ok().and_then(|t| t.trim().parse().ok()) {
-                        Some(x) => x,
-                        None => return raise(b"ERR First argument must be a number (log level).".to_vec()),
-                    }
-                }
-                _ => return raise(b"ERR First argument must be a number (log level).".to_vec()),
+            if args.len() < 2 {
+                return raise(b"ERR redis.log() requires two arguments or more.".to_vec());
+            }
+            let Some(level) = args.front().and_then(lua_number) else {
+                return raise(b"ERR First argument must be a number (log level).".to_vec());
             };
             // The log itself goes nowhere: the simulated server has no log.
             if !(0.0..4.0).contains(&level.trunc()) {
@@ -111,9 +105,7 @@ pub(super) fn redis_table(lua: &Lua) -> mlua::Result<Table> {
         "setresp",
         lua.create_function(|lua, args: MultiValue| -> mlua::Result<()> {
             let version = match args.iter().collect::<Vec<_>>().as_slice() {
-                [Value::Integer(n)] => *n,
-                [Value::Number(x)] => *x as i64,
-                [_] => 0,
+                [v] => lua_number(v).unwrap_or(0.0) as i64,
                 _ => return raise(b"ERR redis.setresp() requires one argument.".to_vec()),
             };
             if version != 2 && version != 3 {
@@ -130,9 +122,7 @@ pub(super) fn redis_table(lua: &Lua) -> mlua::Result<Table> {
         "set_repl",
         lua.create_function(|_, args: MultiValue| -> mlua::Result<()> {
             let flags = match args.iter().collect::<Vec<_>>().as_slice() {
-                [Value::Integer(n)] => *n,
-                [Value::Number(x)] => *x as i64,
-                [_] => 0,
+                [v] => lua_number(v).unwrap_or(0.0) as i64,
                 _ => return raise(b"ERR redis.set_repl() requires two arguments.".to_vec()),
             };
             if flags & !3 != 0 {
@@ -162,4 +152,14 @@ pub(super) fn redis_table(lua: &Lua) -> mlua::Result<Table> {
     redis.raw_set("REDIS_VERSION", VERSION.0)?;
     redis.raw_set("REDIS_VERSION_NUM", VERSION.1)?;
     Ok(redis)
+}
+
+/// `lua_tonumber`: a number, or a string Lua reads as one (spaces around it allowed); `None` otherwise.
+fn lua_number(value: &Value) -> Option<f64> {
+    match value {
+        Value::Integer(n) => Some(*n as f64),
+        Value::Number(x) => Some(*x),
+        Value::String(s) => std::str::from_utf8(&s.as_bytes()).ok()?.trim().parse().ok(),
+        _ => None,
+    }
 }

@@ -129,6 +129,9 @@ pub(super) fn reply_to_lua(lua: &Lua, reply: Reply, resp3: bool) -> mlua::Result
 /// runs out.
 const MAX_DEPTH: usize = 1000;
 
+/// The longest array reply a script may make here.
+const MAX_ITEMS: usize = 1 << 24;
+
 /// `(long long)` of a double as x86-64 converts it: truncated; NaN and what does not fit become i64::MIN.
 fn c_long_long(x: f64) -> i64 {
     // 2^63, exactly.
@@ -210,6 +213,10 @@ fn table_to_reply(table: &Table, resp3: bool, depth: usize) -> mlua::Result<Repl
     }
     let mut items = Vec::new();
     for i in 1.. {
+        // A table whose __index answers every index would make Redis build a reply until memory runs out.
+        if i > MAX_ITEMS {
+            return Ok(Reply::error("ERR the script's reply is too long for the simulated server"));
+        }
         match table.get::<Value>(i)? {
             Value::Nil => break,
             item => items.push(to_reply(&item, resp3, depth + 1)),

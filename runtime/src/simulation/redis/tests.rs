@@ -321,3 +321,11 @@ fn production_scripts_hand_a_lock_over_and_announce_it() {
     assert!(record.starts_with(format!("{waiter}+{}:", NOW + 2).as_bytes()), "{:?}", String::from_utf8_lossy(&record));
     assert_eq!(ttl, Some(20000), "for the hand-over lease");
 }
+
+/// The simulation keeps its servers in a shared, locked world: they must be Send and Sync.
+#[test]
+fn a_simulated_server_can_live_in_a_shared_world() {
+    fn shared<T: Send + Sync>() {}
+    shared::<SimRedis>();
+    shared::<SimServer>();
+}
