@@ -19,9 +19,12 @@ use std::time::{Duration, Instant};
 use distlock::simulation::redis::{production_scripts, SimServer, SimValue};
 use distlock_tests::RedisServer;
 use redis::aio::MultiplexedConnection;
-use redis::Value;
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
 
-use distlock_tests::sim_keyspace::{compare, same_keyspace, time_of, Generator, Keyspace, Outcome};
+use distlock_tests::sim_keyspace::{
+    compare, same_keyspace, same_text, sharded_channels, time_of, Generator, Keyspace, Outcome,
+};
 
 /// Prints past the test harness's capture.
 fn say(line: &str) {
@@ -36,7 +39,15 @@ fn env(name: &str) -> Option<u64> {
 /// The real server's side: one RESP3 connection.
 struct Real {
     conn: MultiplexedConnection,
+    /// What the subscriber connection receives: every PUBLISH (PSUBSCRIBE *) and every SPUBLISH on the
+    /// channels a sequence may use.
+    pushes: UnboundedReceiver<PushInfo>,
+    /// The subscriber connection itself, kept open.
+    _listener: MultiplexedConnection,
 }
+
+/// The channel the test publishes on to know that every message before it has arrived.
+const BARRIER: &str = "sim_keyspace:barrier";
 
 /// What one pipeline on the real server answered.
 struct Ran {
@@ -118,6 +129,41 @@ fn scan_command(cursor: Vec<u8>, options: &[Vec<u8>]) -> Vec<Vec<u8>> {
     [vec![b"SCAN".to_vec(), cursor], options.to_vec()].concat()
 }
 
+impl Real {
+    /// The messages the real server published since the last call, in order (channel, message, whether by
+    /// SPUBLISH): everything the subscriber received before a message the test publishes last.
+    async fn take_published(&mut self) -> Vec<(Vec<u8>, Vec<u8>, bool)> {
+        let mark = format!("{}", Instant::now().elapsed().as_nanos());
+        let _: Value =
+            redis::cmd("PUBLISH").arg(BARRIER).arg(&mark).query_async(&mut self.conn).await.expect("PUBLISH");
+        let mut out = Vec::new();
+        loop {
+            let push = tokio::time::timeout(Duration::from_secs(5), self.pushes.recv()).await;
+            let push = push.expect("the barrier message arrives").expect("the subscriber is open");
+            let bytes = |v: &Value| match v {
+                Value::BulkString(b) => b.clone(),
+                other => panic!("a pushed field: {other:?}"),
+            };
+            let (channel, message, sharded) = match (push.kind, push.data.as_slice()) {
+                (PushKind::PMessage, [_, channel, message]) => (bytes(channel), bytes(message), false),
+                (PushKind::SMessage, [channel, message]) => (bytes(channel), bytes(message), true),
+                _ => continue,
+            };
+            if channel == BARRIER.as_bytes() && message == mark.as_bytes() {
+                return out;
+            }
+            out.push((channel, message, sharded));
+        }
+    }
+}
+
+/// Whether the messages published agree, their µs timestamps within the tolerance (an announcement names the
+/// heir's fencing token).
+fn same_published(real: &[(Vec<u8>, Vec<u8>, bool)], sim: &[(Vec<u8>, Vec<u8>, bool)]) -> bool {
+    real.len() == sim.len()
+        && real.iter().zip(sim).all(|((rc, rm, rs), (sc, sm, ss))| rc == sc && rs == ss && same_text(rm, sm).is_ok())
+}
+
 /// The dump script's reply as the simulated server's snapshot shows a keyspace.
 fn parse_dump(reply: &Value) -> Keyspace {
     let Value::Array(entries) = reply else { panic!("the dump: {reply:?}") };
@@ -177,6 +223,8 @@ struct Tally {
     differences: Vec<String>,
     /// Scripts' own failures whose messages differ (the code and the failure agree): reported, not counted.
     script_messages: u64,
+    /// Messages published, compared.
+    messages: u64,
     /// Expiry phases that could not be judged: the real server took longer than the keys' lives.
     racy: u64,
     /// Per production script (variants together), how often the real server replied in each way.
@@ -245,6 +293,27 @@ async fn sequence(seed: u64, real: &mut Real, sim: &mut SimServer, trace: bool, 
         }
         dump = ran.dump.map(|keys| (keys, ran.end));
     }
+    let (real_published, sim_published) = (real.take_published().await, sim.take_published());
+    tally.messages += real_published.len() as u64;
+    if !same_published(&real_published, &sim_published) {
+        let shown = |m: &[(Vec<u8>, Vec<u8>, bool)]| -> Vec<String> {
+            m.iter()
+                .map(|(c, m, s)| {
+                    format!(
+                        "{}{} {}",
+                        if *s { "S " } else { "" },
+                        String::from_utf8_lossy(c),
+                        String::from_utf8_lossy(m)
+                    )
+                })
+                .collect()
+        };
+        differences.push(format!(
+            "seed {seed}: the messages published differ\n  real: {:?}\n  sim:  {:?}",
+            shown(&real_published),
+            shown(&sim_published)
+        ));
+    }
     let (real_keys, at) = dump.expect("the last phase dumps the keyspace");
     let sim_keys = sim.snapshot(at);
     if let Err(why) = same_keyspace(&real_keys, &sim_keys) {
@@ -302,7 +371,13 @@ async fn real_server() -> (RedisServer, Real) {
     let url = format!("redis://127.0.0.1:{}/?protocol=resp3", server.port());
     let client = redis::Client::open(url).expect("a RESP3 URL");
     let conn = client.get_multiplexed_async_connection().await.expect("a RESP3 connection");
-    (server, Real { conn })
+    let (sender, pushes) = tokio::sync::mpsc::unbounded_channel();
+    let config = redis::AsyncConnectionConfig::new().set_push_sender(sender);
+    let mut listener = client.get_multiplexed_async_connection_with_config(&config).await.expect("a subscriber");
+    let _: Value = redis::cmd("PSUBSCRIBE").arg("*").query_async(&mut listener).await.expect("PSUBSCRIBE");
+    let _: Value =
+        redis::cmd("SSUBSCRIBE").arg(sharded_channels()).query_async(&mut listener).await.expect("SSUBSCRIBE");
+    (server, Real { conn, pushes, _listener: listener })
 }
 
 /// How many servers run sequences side by side: while one waits for keys to expire or for its server, the
@@ -337,6 +412,7 @@ async fn simulated_keyspace_agrees_with_redis_server() {
             tally.commands += done.commands;
             tally.script_messages += done.script_messages;
             tally.racy += done.racy;
+            tally.messages += done.messages;
             for (script, outcomes) in done.outcomes {
                 for (outcome, count) in outcomes {
                     *tally.outcomes.entry(script.clone()).or_default().entry(outcome).or_default() += count;
@@ -357,8 +433,10 @@ async fn simulated_keyspace_agrees_with_redis_server() {
         }
     }
     say(&format!(
-        "  ({:.1} s; {} script failures with the same code and another message; {} expiry phases too slow to judge)",
+        "  ({:.1} s; {} messages published; {} script failures with the same code and another message; {} expiry \
+         phases too slow to judge)",
         started.elapsed().as_secs_f64(),
+        tally.messages,
         tally.script_messages,
         tally.racy
     ));

@@ -121,7 +121,7 @@ fn close_timestamps(a: i64, b: i64) -> bool {
 }
 
 /// Two byte strings equal but for µs timestamps in them (runs of 16 to 19 digits) that are close.
-fn same_text(a: &[u8], b: &[u8]) -> Result<(), String> {
+pub fn same_text(a: &[u8], b: &[u8]) -> Result<(), String> {
     if a == b {
         return Ok(());
     }

@@ -17,7 +17,7 @@ mod compare;
 mod raw;
 mod scripts;
 
-pub use compare::{compare, same_keyspace, time_of, Keyspace, Outcome};
+pub use compare::{compare, same_keyspace, same_text, time_of, Keyspace, Outcome};
 
 /// Valid owner tokens; the third shares the first's second half (what a release sent again compares).
 pub(crate) const TOKENS: [&str; 4] = [
@@ -77,13 +77,18 @@ pub struct Check {
     ms: Vec<Vec<usize>>,
     us: Vec<Vec<usize>>,
     time: bool,
+    /// PUBLISH's and SPUBLISH's reply: how many clients received it, which the simulated server does not know
+    /// (it replies 0; the real one counts the test's subscriber).
+    receivers: bool,
 }
 
 impl Check {
     /// Whether `a` and `b` at `path` may differ as the clock does: by at most 50 ms, both not negative.
     pub fn tolerates(&self, path: &[usize], a: i64, b: i64) -> bool {
         let within = |limit: i64| a >= 0 && b >= 0 && (a - b).abs() <= limit;
-        (self.ms.iter().any(|p| p == path) && within(50)) || (self.us.iter().any(|p| p == path) && within(50_000))
+        (self.ms.iter().any(|p| p == path) && within(50))
+            || (self.us.iter().any(|p| p == path) && within(50_000))
+            || (self.receivers && path.is_empty() && within(i64::MAX))
     }
 
     /// Whether the reply at `path` is TIME's.
@@ -185,6 +190,13 @@ fn scripts() -> &'static [Script] {
 /// Whether sequence `seed` has an expiry phase (one in sixteen), which waits for keys to expire.
 pub fn has_expiry_phase(seed: u64) -> bool {
     seed % 16 == 5
+}
+
+/// The channels a sequence may publish on by SPUBLISH (sharded channels have no patterns): the records'
+/// announcements and the keys raw commands use.
+pub fn sharded_channels() -> Vec<String> {
+    let records = RECORDS.iter().chain(&["{e}"]).map(|r| format!("{r}:released"));
+    records.chain(KEYS.iter().map(|k| k.to_string())).collect()
 }
 
 /// Makes the sequences.

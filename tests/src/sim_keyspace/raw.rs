@@ -119,7 +119,10 @@ impl Generator {
             24 => {
                 [vec!["ZPOPMIN", k], vec![self.pick(&["1", "2", "0", "-1", "abc", "10"]); self.rng.usize(..3)]].concat()
             }
-            25 => vec![self.pick(&["PUBLISH", "SPUBLISH"]), k, v],
+            25 => {
+                let publish = Step::raw(&[self.pick(&["PUBLISH", "SPUBLISH"]), k, v]);
+                return Step { check: Check { receivers: true, ..Check::default() }, ..publish };
+            }
             26 => {
                 let script = &self.scripts[self.rng.usize(..self.scripts.len())];
                 let (source, sha) = (script.source, script.sha.clone());

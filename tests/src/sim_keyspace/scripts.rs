@@ -105,7 +105,7 @@ impl Generator {
             argv.push(self.calls.to_string());
             // The numbered frame replies {call, reply}.
             let under = |paths: Vec<Vec<usize>>| paths.into_iter().map(|p| [vec![1], p].concat()).collect();
-            check = Check { ms: under(check.ms), us: under(check.us), time: false };
+            check = Check { ms: under(check.ms), us: under(check.us), ..Check::default() };
         }
         // Sometimes a script cut short: its last arguments left out.
         if self.rng.u8(..100) < 6 && !argv.is_empty() {

@@ -161,7 +161,11 @@ impl SimRedis {
 /// Not public API: the simulated redis-server, for `tests/tests/sim_keyspace.rs`, which checks it against a
 /// real one.
 #[derive(Debug, Default)]
-pub struct SimServer(SimRedis);
+pub struct SimServer {
+    server: SimRedis,
+    /// What it published since [`SimServer::take_published`] was last called.
+    published: Vec<(Vec<u8>, Vec<u8>, bool)>,
+}
 
 /// Not public API: every production script's text as servers receive it — each script plain, numbered and
 /// sharded (`ACQUIRE`, `ACQUIRE numbered`, `ACQUIRE sharded`, …) — for the simulated server's tests.
@@ -181,18 +185,26 @@ pub enum SimValue {
 impl SimServer {
     /// An empty server.
     pub fn new() -> Self {
-        Self(SimRedis::new())
+        Self::default()
     }
 
     /// Runs one command at `now_us` (µs since the Unix epoch by the server's clock); its reply as a RESP3
     /// connection of the redis crate reads it.
     pub fn execute(&mut self, now_us: i64, args: &[Vec<u8>]) -> redis::Value {
-        self.0.execute(now_us, args).reply
+        let done = self.server.execute(now_us, args);
+        self.published.extend(done.published.into_iter().map(|p| (p.channel, p.message, p.sharded)));
+        done.reply
+    }
+
+    /// The messages published since the last call, in order: channel, message, and whether by SPUBLISH.
+    pub fn take_published(&mut self) -> Vec<(Vec<u8>, Vec<u8>, bool)> {
+        std::mem::take(&mut self.published)
     }
 
     /// A restart without persistence.
     pub fn restart(&mut self) {
-        self.0.restart();
+        self.server.restart();
+        self.published.clear();
     }
 
     /// Every live key at `now_us`: its value and its ms to live (`None`: no expiry).
@@ -205,6 +217,6 @@ impl SimServer {
             };
             (value, entry.expires_at_ms.map(|at| (at - now_ms).max(0)))
         };
-        self.0.snapshot(now_us).into_iter().map(|(k, e)| (k, shown(e))).collect()
+        self.server.snapshot(now_us).into_iter().map(|(k, e)| (k, shown(e))).collect()
     }
 }
