@@ -46,8 +46,8 @@ pub(crate) struct SimRedis {
 #[cfg_attr(not(test), allow(dead_code, reason = "the simulation's Redis model reads the effects and publications"))]
 pub(crate) struct Executed {
     /// The reply as the redis crate parses the server's reply on a RESP3 connection (a script's reply
-    /// converted as Redis 7.0 converts it for a RESP3 client whose script did not call `redis.setresp`).
-    /// Errors are `redis::Value::ServerError`.
+    /// converted as Redis 7.0 converts it for a RESP3 client: a script reads replies in RESP2 unless it calls
+    /// `redis.setresp(3)`). Errors are `redis::Value::ServerError`.
     pub(crate) reply: redis::Value,
     /// Messages published (PUBLISH or SPUBLISH, from scripts or direct), in order.
     pub(crate) published: Vec<Published>,
@@ -80,8 +80,10 @@ impl SimRedis {
         Self { keyspace: Keyspace::default(), engine: lua::Engine::new() }
     }
 
-    /// Runs one command at the server's wall-clock time `now_us` (µs since the Unix epoch; TIME replies it;
-    /// expiry compares against `now_us / 1000`). `args[0]` is the command name in any case.
+    /// Runs one command at the server's wall-clock time `now_us` (µs since the Unix epoch). TIME replies it
+    /// (a script's further TIMEs one µs later each); a key is gone once `now_us / 1000` is past its
+    /// `expires_at_ms` (Redis keeps it through that ms), and every command first deletes every such key.
+    /// `args[0]` is the command name in any case. Bad input gets Redis's error reply, never a panic.
     pub(crate) fn execute(&mut self, now_us: i64, args: &[Vec<u8>]) -> Executed {
         let mut ctx = Ctx::new(now_us);
         self.keyspace.expire_all(&mut ctx);
