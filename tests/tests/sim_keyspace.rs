@@ -370,9 +370,11 @@ async fn real_server() -> (RedisServer, Real) {
     let server = RedisServer::new();
     let url = format!("redis://127.0.0.1:{}/?protocol=resp3", server.port());
     let client = redis::Client::open(url).expect("a RESP3 URL");
-    let conn = client.get_multiplexed_async_connection().await.expect("a RESP3 connection");
+    // A loaded machine may keep the server from answering within the crate's default half second.
+    let patient = redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(30)));
+    let conn = client.get_multiplexed_async_connection_with_config(&patient).await.expect("a RESP3 connection");
     let (sender, pushes) = tokio::sync::mpsc::unbounded_channel();
-    let config = redis::AsyncConnectionConfig::new().set_push_sender(sender);
+    let config = patient.set_push_sender(sender);
     let mut listener = client.get_multiplexed_async_connection_with_config(&config).await.expect("a subscriber");
     let _: Value = redis::cmd("PSUBSCRIBE").arg("*").query_async(&mut listener).await.expect("PSUBSCRIBE");
     let _: Value =
