@@ -31,6 +31,7 @@ fn say(line: &str) {
     let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
+/// A number from the environment variable `name`, if set.
 fn env(name: &str) -> Option<u64> {
     let value = std::env::var(name).ok()?;
     Some(value.trim().parse().unwrap_or_else(|_| panic!("{name}={value:?} is not a number")))
@@ -386,6 +387,7 @@ async fn real_server() -> (RedisServer, Real) {
 /// others go on.
 const WORKERS: u64 = 3;
 
+/// The seeded sequences on both servers: no difference in replies, published messages, keyspaces or SCANs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn simulated_keyspace_agrees_with_redis_server() {
     assert!(!production_scripts().is_empty(), "the production scripts");

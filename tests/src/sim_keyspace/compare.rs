@@ -13,8 +13,9 @@ use super::{Check, Step};
 /// Every key with its value and ms to live (`None`: no expiry), as the simulated server's snapshot shows it.
 pub type Keyspace = BTreeMap<Vec<u8>, (SimValue, Option<i64>)>;
 
-/// The tolerance for what depends on the clock: 50 ms, in ms and in µs.
+/// The tolerance for what depends on the clock: 50 ms, in ms...
 pub const TOLERANCE_MS: i64 = 50;
+/// ...and in µs.
 pub const TOLERANCE_US: i64 = 50_000;
 
 /// A TIME reply in µs.

@@ -64,7 +64,9 @@ pub(crate) const VALUES: [&str; 10] = [
     "abc def\u{e9}",
     "nul\u{0}byte",
 ];
+/// Holder fields as the client writes them (`<owner's length>:<owner><metadata>`).
 pub(crate) const HOLDERS: [&str; 4] = ["5:owner", "7:billing:job:42", "0:", "12:web-3:4242app::jobs"];
+/// Bad values for any numeric argument: zero, negative, not a number, empty, fractional, huge, exponent.
 pub(crate) const BAD: [&str; 7] = ["0", "-1", "abc", "", "1.5", "9223372036854775807", "1e3"];
 /// Lives long enough that nothing expires while a phase runs.
 pub(crate) const TTLS: [&str; 4] = ["30000", "45000", "60000", "120000"];
@@ -105,17 +107,21 @@ impl Check {
 /// One command and how to compare its reply.
 #[derive(Debug, Clone)]
 pub struct Step {
+    /// The command, its name first.
     pub args: Vec<Vec<u8>>,
+    /// What of its reply depends on the clock.
     pub check: Check,
     /// What it runs, for messages: a production script's name, or the command.
     what: String,
 }
 
 impl Step {
+    /// A step of text arguments, compared exactly.
     fn raw(args: &[&str]) -> Self {
         Self::bytes(args.iter().map(|a| a.as_bytes().to_vec()).collect(), Check::default())
     }
 
+    /// A step of byte arguments.
     fn bytes(args: Vec<Vec<u8>>, check: Check) -> Self {
         let what = String::from_utf8_lossy(&args[0]).into_owned();
         Self { args, check, what }
@@ -153,6 +159,7 @@ impl Step {
 /// Commands sent in one pipeline.
 #[derive(Debug, Default)]
 pub struct Phase {
+    /// Its commands, in order.
     pub steps: Vec<Step>,
     /// Steps that write a key to live a short time: their index and the key's life in ms.
     short: Vec<(usize, i64)>,
@@ -178,6 +185,7 @@ struct Script {
 
 /// Every production script with its SHA1, computed once for all sequences.
 fn scripts() -> &'static [Script] {
+    /// Filled on first use.
     static SCRIPTS: OnceLock<Vec<Script>> = OnceLock::new();
     SCRIPTS.get_or_init(|| {
         production_scripts()
@@ -217,6 +225,7 @@ impl Generator {
         Self { rng: fastrand::Rng::with_seed(seed), scripts: scripts(), loaded: BTreeSet::new(), calls: 0, seed }
     }
 
+    /// One of `from`.
     fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
         from[self.rng.usize(..from.len())]
     }
@@ -230,6 +239,7 @@ impl Generator {
         }
     }
 
+    /// A token for a release, renewal or look-up: mostly valid, sometimes any bad one.
     fn token(&mut self) -> &'static str {
         if self.rng.u8(..100) < 88 {
             self.pick(&TOKENS)

@@ -149,6 +149,7 @@ pub(super) fn lua_to_reply(value: &Value, resp3: bool) -> Reply {
     to_reply(value, resp3, 0)
 }
 
+/// [`lua_to_reply`] at nesting `depth`.
 fn to_reply(value: &Value, resp3: bool, depth: usize) -> Reply {
     if depth > MAX_DEPTH {
         return Reply::error("ERR reached lua stack limit");

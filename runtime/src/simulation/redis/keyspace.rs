@@ -96,6 +96,7 @@ impl Ctx {
 /// Every key and its entry.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Keyspace {
+    /// By key; expired keys stay until the next command deletes them (`expire_all`).
     pub(super) entries: BTreeMap<Vec<u8>, Entry>,
 }
 

@@ -31,7 +31,9 @@ use super::reply::{Reply, NOSCRIPT};
 /// keyspace and the call's context through it.
 #[derive(Debug)]
 pub(super) struct Run {
+    /// The server's keyspace, for the run.
     pub(super) keyspace: Keyspace,
+    /// The call's context: its clock, the script's protocol, what it publishes and writes.
     pub(super) ctx: Ctx,
     /// Millions of Lua instructions the script has run (counted by the engine's hook).
     instructions: u64,
@@ -107,6 +109,7 @@ impl Engine {
         Self::build().unwrap_or_else(|e| panic!("the simulated redis-server's Lua state cannot be built: {e}"))
     }
 
+    /// [`Engine::new`]'s work, its failures returned.
     fn build() -> mlua::Result<Self> {
         let lua = Lua::new_with(StdLib::TABLE | StdLib::STRING | StdLib::MATH, LuaOptions::default())?;
         let globals = lua.globals();
@@ -155,6 +158,8 @@ impl Engine {
         Ok(function)
     }
 
+    /// `body` compiled as a chunk `@user_script`, refusing bytecode, with the scripts' environment; Redis's
+    /// error reply when it does not compile.
     fn compile(&self, body: &[u8]) -> Result<Function, Reply> {
         let chunk = self.lua.load(body).set_name("@user_script").set_mode(ChunkMode::Text);
         chunk.set_environment(self.env.clone()).into_function().map_err(|e| {

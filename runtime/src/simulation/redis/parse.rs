@@ -241,6 +241,8 @@ pub(super) fn glob(pattern: &[u8], text: &[u8]) -> bool {
     glob_at(pattern, text, &mut skip_longer)
 }
 
+/// `stringmatchlen_impl`: `skip_longer` is set once the rest of the pattern matched nowhere after a `*`, so an
+/// earlier `*` need not try longer matches (Redis's guard against exponential backtracking).
 fn glob_at(pattern: &[u8], text: &[u8], skip_longer: &mut bool) -> bool {
     let at = |s: &[u8], i: usize| s.get(i).copied().unwrap_or(0);
     let (mut p, mut s) = (0usize, 0usize);

@@ -33,11 +33,15 @@ pub(super) enum Reply {
     Verbatim(Vec<u8>, Vec<u8>),
 }
 
-/// Redis's shared error replies, by the wording `server.c` gives them.
+/// Redis's shared error replies, by the wording `server.c` gives them: a syntax error...
 pub(super) const SYNTAX: &str = "ERR syntax error";
+/// ...an argument that is not an integer...
 pub(super) const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
+/// ...not a float...
 pub(super) const NOT_FLOAT: &str = "ERR value is not a valid float";
+/// ...a key of another type...
 pub(super) const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+/// ...and a script the server has not cached.
 pub(super) const NOSCRIPT: &str = "NOSCRIPT No matching script. Please use EVAL.";
 
 impl Reply {

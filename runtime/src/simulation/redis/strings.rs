@@ -25,6 +25,7 @@ pub(super) fn getdel(ks: &mut Keyspace, ctx: &mut Ctx, args: &[Vec<u8>]) -> Repl
 /// SET key value [NX | XX] [GET] [EX s | PX ms | EXAT s | PXAT ms | KEEPTTL], its options parsed as
 /// `parseExtendedStringArgumentsOrReply` does (an expiry option given twice: the last wins).
 pub(super) fn set(ks: &mut Keyspace, ctx: &mut Ctx, args: &[Vec<u8>]) -> Reply {
+    /// Which expiry option was given.
     #[derive(PartialEq, Clone, Copy)]
     enum Unit {
         Ex,

@@ -8,6 +8,7 @@ use super::*;
 /// A time in late 2023, in µs.
 const NOW: i64 = 1_700_000_000_123_456;
 
+/// Text arguments as a command.
 fn args(parts: &[&str]) -> Vec<Vec<u8>> {
     parts.iter().map(|p| p.as_bytes().to_vec()).collect()
 }
@@ -17,10 +18,12 @@ fn run(sim: &mut SimRedis, now: i64, parts: &[&str]) -> redis::Value {
     sim.execute(now, &args(parts)).reply
 }
 
+/// An integer reply.
 fn int(n: i64) -> redis::Value {
     redis::Value::Int(n)
 }
 
+/// A bulk string reply.
 fn bulk(s: &str) -> redis::Value {
     redis::Value::BulkString(s.as_bytes().to_vec())
 }
@@ -33,6 +36,7 @@ fn error(value: &redis::Value) -> (String, String) {
     }
 }
 
+/// `%.17g`, as redis-server 7.0 prints scores and a script's number arguments; `%.14g` for Lua's tostring.
 #[test]
 fn doubles_print_as_redis_7_0_prints_them() {
     let cases = [
@@ -55,6 +59,7 @@ fn doubles_print_as_redis_7_0_prints_them() {
     assert_eq!(format_g(3.0, 14), "3");
 }
 
+/// `string2ll`, `string2d` and SCAN's `strtoul`: what they accept and refuse.
 #[test]
 fn numbers_and_cursors_parse_as_redis_reads_them() {
     for (text, value) in [("0", Some(0)), ("-12", Some(-12)), ("9223372036854775807", Some(i64::MAX))] {
@@ -77,6 +82,7 @@ fn numbers_and_cursors_parse_as_redis_reads_them() {
     assert_eq!(parse::cursor(b"1x"), None);
 }
 
+/// Patterns checked against redis-server 7.0's KEYS with the same keys.
 #[test]
 fn glob_patterns_match_as_stringmatchlen_does() {
     let cases: [(&str, &str, bool); 15] = [
@@ -101,6 +107,8 @@ fn glob_patterns_match_as_stringmatchlen_does() {
     }
 }
 
+/// A key is there during the ms of its expiry and gone after; eager expiry is a write, and a clock stepped
+/// back does not bring the key back.
 #[test]
 fn keys_live_through_their_last_ms_and_expire_for_good() {
     let mut sim = SimRedis::new();
@@ -117,6 +125,7 @@ fn keys_live_through_their_last_ms_and_expire_for_good() {
     assert_eq!(sim.peek(NOW, b"k"), None);
 }
 
+/// PEXPIRE to now or before deletes the key; SET refuses a non-positive PX; a PXAT in the past leaves nothing.
 #[test]
 fn non_positive_expiry_deletes_or_is_refused_as_redis_does() {
     let mut sim = SimRedis::new();
@@ -131,6 +140,7 @@ fn non_positive_expiry_deletes_or_is_refused_as_redis_does() {
     assert_eq!(sim.snapshot(NOW).len(), 0, "written already expired: gone");
 }
 
+/// Error codes and messages, word for word.
 #[test]
 fn errors_use_redis_wording() {
     let mut sim = SimRedis::new();
@@ -155,6 +165,8 @@ fn errors_use_redis_wording() {
     }
 }
 
+/// Lua to Redis (numbers truncated, false nil, true 1, tables up to the first nil, `err`, `ok`, `double`) and
+/// Redis to Lua (nil false, status `{ok=}`, scores as text; RESP3 types after `redis.setresp(3)`).
 #[test]
 fn script_replies_convert_as_redis_converts_them() {
     let mut sim = SimRedis::new();
@@ -186,6 +198,8 @@ fn script_replies_convert_as_redis_converts_them() {
     assert_eq!(run(&mut sim, NOW, &["EVAL", resp3, "0"]), redis::Value::Array(expected.to_vec()));
 }
 
+/// A failed `redis.call` fails the script with the command's code and the line; writes before it stay; pcall
+/// and redis.pcall hand the error over; globals are read-only; a runaway script and a compile error fail.
 #[test]
 fn script_errors_keep_their_code_and_the_writes_before_them() {
     let mut sim = SimRedis::new();
@@ -219,6 +233,7 @@ fn script_errors_keep_their_code_and_the_writes_before_them() {
     assert_eq!(compile, "Error compiling script (new function): user_script:1: unexpected symbol near '<eof>'");
 }
 
+/// EVAL and SCRIPT LOAD cache by SHA1 (any case); SCRIPT FLUSH and a restart forget, a restart the keys too.
 #[test]
 fn scripts_are_cached_by_sha1_until_a_flush_or_restart() {
     let mut sim = SimRedis::new();
@@ -237,6 +252,8 @@ fn scripts_are_cached_by_sha1_until_a_flush_or_restart() {
     assert!(sim.snapshot(NOW).is_empty(), "nothing persists");
 }
 
+/// A script's writes as effects with absolute expiry, deletions included, in order; its messages; a replica
+/// applying the effects holds the same keyspace.
 #[test]
 fn effects_and_publications_are_what_a_replica_and_subscribers_get() {
     let mut primary = SimRedis::new();
@@ -255,6 +272,7 @@ fn effects_and_publications_are_what_a_replica_and_subscribers_get() {
     assert_eq!(replica.peek(NOW + 1_000_000, b"a"), Some((b"1".to_vec(), Some(4000))));
 }
 
+/// Order by score then member; WITHSCORES pairs and ZPOPMIN with a count nested as RESP3 nests them.
 #[test]
 fn sorted_sets_reply_in_resp3_shapes() {
     let mut sim = SimRedis::new();
@@ -276,6 +294,7 @@ fn sorted_sets_reply_in_resp3_shapes() {
     assert_eq!(run(&mut sim, NOW, &["EXISTS", "z"]), int(0), "an emptied set is deleted");
 }
 
+/// Keys present from a SCAN's first call to its last are returned while others come and go.
 #[test]
 fn scan_returns_every_key_present_throughout() {
     let mut sim = SimRedis::new();
@@ -301,6 +320,8 @@ fn scan_returns_every_key_present_throughout() {
     }
 }
 
+/// ACQUIRE grants with the clock as fence, queues a second token, and RELEASE hands the lock to it and
+/// announces the hand-over.
 #[test]
 fn production_scripts_hand_a_lock_over_and_announce_it() {
     let sources: std::collections::HashMap<String, &str> = production_scripts().into_iter().collect();
@@ -325,6 +346,7 @@ fn production_scripts_hand_a_lock_over_and_announce_it() {
 /// The simulation keeps its servers in a shared, locked world: they must be Send and Sync.
 #[test]
 fn a_simulated_server_can_live_in_a_shared_world() {
+    /// Compiles only for types that are both.
     fn shared<T: Send + Sync>() {}
     shared::<SimRedis>();
     shared::<SimServer>();
