@@ -409,7 +409,7 @@ impl Drop for Pending {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let (client, queued, activity) = (self.client.clone(), self.queued, self.activity.take());
         let (keys, token) = (std::mem::take(&mut self.keys), std::mem::replace(&mut self.token, LockToken::blank()));
-        runtime.spawn(async move {
+        crate::hooks::spawn_on(&runtime, async move {
             let _activity = activity; // until the clean-up is done
             let backend = &client.inner.backend;
             let ours = if queued { backend.withdraw(&keys, &token).await.map(|hold| hold.is_some()) } else { Ok(true) };
@@ -459,7 +459,7 @@ mod tests {
             .wait(Duration::from_secs(5))
             .retry(RetryStrategy::Linear { step: Duration::from_millis(100) })
             .acquire();
-        let waiter = tokio::spawn(waiter);
+        let waiter = crate::hooks::spawn(waiter);
         tokio::time::sleep(Duration::from_millis(350)).await;
         assert!(!store.has_queue("t:{k}"), "a waiter queued on a store without a fair queue");
         holder.release().await.unwrap();

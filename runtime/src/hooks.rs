@@ -48,3 +48,31 @@ pub(crate) fn reverted(fix: Fix) -> bool {
         false
     }
 }
+
+/// Spawns a task of the engine's on the current runtime. In a simulation, the task belongs to the simulated
+/// client whose task spawned it, and makes no progress while that client is stalled (a stall stops the
+/// client's own code — its renewer, its timers — not only its I/O).
+#[inline]
+pub(crate) fn spawn<F>(task: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    #[cfg(feature = "simulation")]
+    return tokio::spawn(crate::simulation::owned(task));
+    #[cfg(not(feature = "simulation"))]
+    tokio::spawn(task)
+}
+
+/// [`spawn`] on `runtime`.
+#[inline]
+pub(crate) fn spawn_on<F>(runtime: &tokio::runtime::Handle, task: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    #[cfg(feature = "simulation")]
+    return runtime.spawn(crate::simulation::owned(task));
+    #[cfg(not(feature = "simulation"))]
+    runtime.spawn(task)
+}

@@ -84,7 +84,7 @@ fn schedule(shared: &Arc<Shared>, grant: &Arc<Grant>, when: Instant) {
     queue.due.insert(key, Arc::downgrade(grant));
     // Started on first use, and again if the runtime it ran on has gone.
     if queue.task.as_ref().is_none_or(JoinHandle::is_finished) {
-        queue.task = Some(tokio::spawn(run(Arc::clone(shared))));
+        queue.task = Some(crate::hooks::spawn(run(Arc::clone(shared))));
     } else if queue.wakes_at.is_none_or(|at| when < at) {
         drop(queue);
         shared.wake.notify_one();
@@ -133,7 +133,7 @@ async fn run(strong: Arc<Shared>) {
         };
         due.retain(|grant| !grant.is_finished());
         if !due.is_empty() {
-            tokio::spawn(renew_batch(due, Arc::downgrade(&strong)));
+            crate::hooks::spawn(renew_batch(due, Arc::downgrade(&strong)));
         }
         let wake = strong.wake.notified();
         match next {
@@ -169,7 +169,7 @@ async fn renew_batch(grants: Vec<Arc<Grant>>, renewer: Weak<Shared>) {
         }
         if grant.max_hold_until.is_some_and(|cap| sent >= cap) {
             // max_hold reached: no more renewals; the loss is reported when the lease runs out.
-            tokio::spawn(expire(Arc::clone(grant), lease.valid_until));
+            crate::hooks::spawn(expire(Arc::clone(grant), lease.valid_until));
             continue;
         }
         if let Some(ticket) = grant.begin_renewal() {

@@ -209,7 +209,7 @@ mod tests {
         let (first, second) = (shutdown.activity(), shutdown.activity());
         drop(first);
         assert!(tokio::time::timeout(Duration::from_secs(1), shutdown.idle()).await.is_err(), "one is left");
-        tokio::spawn(async move {
+        crate::hooks::spawn(async move {
             tokio::time::sleep(Duration::from_secs(5)).await;
             drop(second);
         });
@@ -221,7 +221,7 @@ mod tests {
     async fn started_resolves_on_start() {
         let shutdown = std::sync::Arc::new(Shutdown::default());
         assert!(!shutdown.is_started());
-        let waiter = tokio::spawn({
+        let waiter = crate::hooks::spawn({
             let shutdown = std::sync::Arc::clone(&shutdown);
             async move { shutdown.started().await }
         });

@@ -12,7 +12,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use distlock::simulation::{self, Config, Fix, Report, Sim};
+use distlock::simulation::{self, Config, Fix, Model, Report, Sim};
 use distlock::{Client, LockGuard, LockRequest, OnLost, RetryStrategy};
 use tokio::task::AbortHandle;
 use tokio::time::{sleep, Instant};
@@ -33,7 +33,17 @@ pub struct Summary {
 
 /// Runs schedule `seed` (with `reverted` turned off in the engine), tracing every step if `trace`.
 pub fn run_one(seed: u64, reverted: Option<Fix>, trace: bool) -> Report {
+    run_one_on(Model::Memory, seed, reverted, trace)
+}
+
+/// Runs schedule `seed` on the store `model`.
+pub fn run_one_on(model: Model, seed: u64, reverted: Option<Fix>, trace: bool) -> Report {
     let mut config = Config::new(seed);
+    // Redlock's schedules alternate between groups of 3 and 5 servers.
+    config.model = match model {
+        Model::Redlock(_) => Model::Redlock(if seed % 2 == 0 { 3 } else { 5 }),
+        other => other,
+    };
     config.reverted = reverted;
     config.trace = trace;
     simulation::run(config, workload)
@@ -42,6 +52,11 @@ pub fn run_one(seed: u64, reverted: Option<Fix>, trace: bool) -> Report {
 /// Runs the schedules of `seeds` on `threads` threads; with `stop_early`, each thread stops at its first
 /// failing seed.
 pub fn run_many(seeds: Range<u64>, reverted: Option<Fix>, threads: u64, stop_early: bool) -> Summary {
+    run_many_on(Model::Memory, seeds, reverted, threads, stop_early)
+}
+
+/// [`run_many`] on the store `model`.
+pub fn run_many_on(model: Model, seeds: Range<u64>, reverted: Option<Fix>, threads: u64, stop_early: bool) -> Summary {
     let results: Vec<Summary> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|thread| {
@@ -49,7 +64,7 @@ pub fn run_many(seeds: Range<u64>, reverted: Option<Fix>, threads: u64, stop_ear
                 scope.spawn(move || {
                     let mut summary = Summary::default();
                     for seed in seeds.filter(|s| s % threads == thread) {
-                        let report = run_one(seed, reverted, false);
+                        let report = run_one_on(model, seed, reverted, false);
                         summary.schedules += 1;
                         summary.faults += report.faults;
                         summary.violations += report.violations.len() as u64;
@@ -86,7 +101,7 @@ pub async fn workload(sim: Sim) {
     for c in 0..clients {
         let client = sim.client(c);
         for t in 0..1 + sim.below(3) {
-            let task = tokio::spawn(user(sim.clone(), client.clone(), c, format!("c{c}t{t}"), keys));
+            let task = sim.spawn(c, user(sim.clone(), client.clone(), c, format!("c{c}t{t}"), keys));
             aborts.lock().unwrap_or_else(PoisonError::into_inner)[c].push(task.abort_handle());
             tasks.push(task);
         }
@@ -108,6 +123,11 @@ async fn nemesis(sim: Sim, aborts: Arc<Mutex<Vec<Vec<AbortHandle>>>>) {
     for _ in 0..sim.below(7) {
         sleep(sim.millis(0, 800)).await;
         let c = sim.below(clients) as usize;
+        let servers = sim.model().servers() as u64;
+        if servers > 0 && sim.chance(0.4) {
+            server_fault(&sim, servers);
+            continue;
+        }
         match sim.below(20) {
             0..=11 => sim.stall(c, sim.millis(20, 700)),
             12..=18 => sim.pause_store(sim.millis(20, 600)),
@@ -116,6 +136,21 @@ async fn nemesis(sim: Sim, aborts: Arc<Mutex<Vec<Vec<AbortHandle>>>>) {
                 aborts.lock().unwrap_or_else(PoisonError::into_inner)[c].iter().for_each(AbortHandle::abort);
             }
         }
+    }
+}
+
+/// A fault of one simulated server: a restart without persistence, a pause, a clock step (within a lease's
+/// drift allowance, beyond it, or back), or, with replicas, a failover.
+fn server_fault(sim: &Sim, servers: u64) {
+    let server = sim.below(servers) as usize;
+    match sim.below(10) {
+        0 | 1 if sim.model() == Model::RedisReplicas => sim.fail_over(),
+        0 | 1 => sim.restart_server(server),
+        2..=4 => sim.pause_server(server, sim.millis(20, 600)),
+        // Within the smallest drift allowance (2 ms): every promise still holds.
+        5 | 6 => sim.step_clock(server, sim.below(2_001) as i64),
+        7 => sim.step_clock(server, 1_000 * sim.millis(5, 2_000).as_millis() as i64),
+        _ => sim.step_clock(server, -1_000 * sim.millis(1, 2_000).as_millis() as i64),
     }
 }
 

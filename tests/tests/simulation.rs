@@ -8,8 +8,8 @@
 
 use std::io::Write;
 
-use distlock::simulation::Fix;
-use distlock_tests::simulation::{run_many, run_one};
+use distlock::simulation::{Fix, Model};
+use distlock_tests::simulation::{run_many, run_many_on, run_one, run_one_on, Summary};
 
 fn env(name: &str) -> Option<u64> {
     let value = std::env::var(name).ok()?;
@@ -25,6 +25,21 @@ fn say(line: &str) {
 const FIXES: [Fix; 5] =
     [Fix::LeaseFromServer, Fix::FreshAnnouncement, Fix::SerializedExtend, Fix::FinishedIsLost, Fix::ReleaseLostByClock];
 
+/// The store models, each run on its own schedules.
+const MODELS: [Model; 4] = [Model::Memory, Model::Redis, Model::RedisReplicas, Model::Redlock(3)];
+
+/// `SIM_MODEL=<name>` (memory, redis, redis+replicas, redlock) picks one model; all by default. Redlock's
+/// schedules run on 3 servers for even seeds, 5 for odd ones.
+fn models() -> Vec<Model> {
+    match std::env::var("SIM_MODEL") {
+        Ok(name) => {
+            let model = MODELS.iter().find(|m| m.name() == name);
+            vec![*model.unwrap_or_else(|| panic!("SIM_MODEL={name}: one of memory, redis, redis+replicas, redlock"))]
+        }
+        Err(_) => MODELS.to_vec(),
+    }
+}
+
 #[test]
 fn simulation() {
     if let Some(seed) = env("SIM_SEED") {
@@ -34,27 +49,44 @@ fn simulation() {
                 .find(|fix| format!("{fix:?}") == name)
                 .unwrap_or_else(|| panic!("SIM_REVERT={name}: one of {FIXES:?}"))
         });
-        let report = run_one(seed, reverted, true);
-        say(&format!(
-            "simulation: 1 schedules, {} faults injected, {} violations (seed {seed}, {} calls)",
-            report.faults,
-            report.violations.len(),
-            report.calls
-        ));
-        assert!(report.violations.is_empty(), "seed {seed}: {:#?}", report.violations);
+        for model in models() {
+            let report = run_one_on(model, seed, reverted, true);
+            say(&format!(
+                "simulation: 1 schedules, {} faults injected, {} violations ({}, seed {seed}, {} calls)",
+                report.faults,
+                report.violations.len(),
+                model.name(),
+                report.calls
+            ));
+            assert!(report.violations.is_empty(), "{} seed {seed}: {:#?}", model.name(), report.violations);
+        }
         return;
     }
     let default = if cfg!(debug_assertions) { 1_000 } else { 10_000 };
     let schedules = env("SIM_SCHEDULES").unwrap_or(default);
-    let summary = run_many(0..schedules, None, 2, false);
-    for (seed, first) in summary.failing.iter().take(10) {
-        say(&format!("  seed {seed}: {first} (replay: SIM_SEED={seed})"));
+    let (mut total, mut failing) = (Summary::default(), Vec::new());
+    for model in models() {
+        let summary = run_many_on(model, 0..schedules, None, 2, false);
+        for (seed, first) in summary.failing.iter().take(5) {
+            say(&format!("  {} seed {seed}: {first} (replay: SIM_MODEL={} SIM_SEED={seed})", model.name(), model.name()));
+        }
+        say(&format!(
+            "simulation: {} schedules, {} faults injected, {} violations ({})",
+            summary.schedules,
+            summary.faults,
+            summary.violations,
+            model.name()
+        ));
+        total.schedules += summary.schedules;
+        total.faults += summary.faults;
+        total.violations += summary.violations;
+        failing.extend(summary.failing.iter().map(|f| (model.name(), f.0)));
     }
     say(&format!(
-        "simulation: {} schedules, {} faults injected, {} violations",
-        summary.schedules, summary.faults, summary.violations
+        "simulation: {} schedules, {} faults injected, {} violations (total)",
+        total.schedules, total.faults, total.violations
     ));
-    assert_eq!(summary.violations, 0, "failing seeds: {:?}", summary.failing.iter().map(|f| f.0).collect::<Vec<_>>());
+    assert_eq!(total.violations, 0, "failing seeds: {failing:?}");
 }
 
 /// With `fix` reverted, the simulation finds violations within a bounded number of schedules.

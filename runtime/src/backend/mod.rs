@@ -16,6 +16,8 @@ pub(crate) use self::memory::MemoryBackend;
 #[cfg(feature = "simulation")]
 pub(crate) use self::redis::script_sources;
 pub(crate) use self::redis::{ConnectSettings, RedisBackend, ReplicaAcks, Timeouts};
+#[cfg(feature = "simulation")]
+pub(crate) use self::redis::script_name;
 pub(crate) use self::redlock::RedlockBackend;
 pub(crate) use self::store::{Capabilities, Fencing, Store, WakeUps};
 use crate::observe::timed;

@@ -7,9 +7,13 @@
 //! An oracle that reads the store's truth checks the safety model after every command the store applies and
 //! at every observation; see `oracle.rs`.
 
+mod assumptions;
+mod mutation;
 mod oracle;
 pub mod redis;
+mod stall;
 mod store;
+mod wire;
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
@@ -19,15 +23,56 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Backend, MemoryBackend};
+use crate::backend::{Backend, MemoryBackend, RedisBackend, RedlockBackend, ReplicaAcks, Timeouts};
 use crate::client::ClientInner;
 use crate::grant::Grant;
 pub use crate::hooks::Fix;
 use crate::{Client, LockGuard};
 pub(crate) use store::SimStore;
+pub use mutation::{lua_mutants, LuaMutant};
+pub(crate) use stall::owned;
+pub(crate) use wire::{Connection, Push};
+use wire::{Node, Target};
 
 /// The key prefix of every simulated client.
 const PREFIX: &str = "sim:";
+
+/// Which store the clients of a schedule share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Model {
+    /// The memory store behind the fault layer.
+    Memory,
+    /// The Redis backend (scripts, coalescer, resends, subscriber) on one simulated redis-server.
+    Redis,
+    /// The Redis backend with `wait_for_replicas(1, ..)` on a simulated primary with two lagging replicas,
+    /// which can fail over.
+    RedisReplicas,
+    /// Redlock over this many simulated redis-servers (3 or 5).
+    Redlock(usize),
+}
+
+impl Model {
+    /// The model's name in the simulation's summary lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            Model::Memory => "memory",
+            Model::Redis => "redis",
+            Model::RedisReplicas => "redis+replicas",
+            Model::Redlock(_) => "redlock",
+        }
+    }
+
+    /// How many simulated servers the model has.
+    pub fn servers(self) -> usize {
+        match self {
+            Model::Memory => 0,
+            Model::Redis => 1,
+            Model::RedisReplicas => 3,
+            Model::Redlock(n) => n,
+        }
+    }
+}
 
 /// What one schedule runs with. [`Config::new`] gives the defaults the simulation test uses.
 #[derive(Debug, Clone)]
@@ -35,6 +80,13 @@ const PREFIX: &str = "sim:";
 pub struct Config {
     /// Everything random in the schedule comes from this.
     pub seed: u64,
+    /// The store the clients share.
+    pub model: Model,
+    /// The longest a replica takes to apply a write of its primary.
+    pub replication_lag: Duration,
+    /// A mutant of the scripts the simulated servers run instead of the production ones (the clients send
+    /// the scripts unchanged), to measure what the simulation catches.
+    pub lua_mutant: Option<LuaMutant>,
     /// How many clients (processes) share the store.
     pub clients: usize,
     /// Print every call, reply, fault, stall and observation.
@@ -64,6 +116,9 @@ impl Config {
     pub fn new(seed: u64) -> Self {
         Self {
             seed,
+            model: Model::Memory,
+            replication_lag: Duration::from_millis(20),
+            lua_mutant: None,
             clients: 3,
             trace: false,
             reverted: None,
@@ -102,6 +157,10 @@ pub(crate) struct World {
     state: Mutex<State>,
     /// Woken when a call passes its turn (see `State::applied`).
     turn: tokio::sync::Notify,
+    /// The simulated redis-servers (none in the memory model).
+    nodes: Mutex<Vec<Node>>,
+    /// Woken when a replica applied writes (for `WAIT`).
+    replication: tokio::sync::Notify,
 }
 
 #[derive(Debug)]
@@ -122,6 +181,10 @@ struct State {
     probes: Vec<(Weak<Grant>, usize, String)>,
     /// Per record: the last owner token and fencing token the store was seen to hold.
     last_fence: std::collections::BTreeMap<String, (Option<String>, u64)>,
+    /// Per record: when its last owner's grant was first seen.
+    fence_seen: std::collections::BTreeMap<String, Instant>,
+    /// Records whose next token may go back: a clock stepped back past the README's assumption for them.
+    fence_void: std::collections::BTreeSet<String>,
     /// Which client sent each token the store has seen.
     owners: std::collections::BTreeMap<String, usize>,
     /// Per client: calls made, calls the store applied (or lost), and calls answered (or lost): one
@@ -179,6 +242,7 @@ where
         .expect("a current-thread runtime");
     let report = runtime.block_on(async {
         let world = Arc::new(World::new(config));
+        world.set_up_servers();
         let _installed = Installed;
         CURRENT.with(|c| *c.borrow_mut() = Some(Arc::clone(&world)));
         let sim = Sim(Arc::clone(&world));
@@ -217,6 +281,8 @@ impl World {
             paused_until: now,
             probes: Vec::new(),
             last_fence: Default::default(),
+            fence_seen: Default::default(),
+            fence_void: Default::default(),
             owners: Default::default(),
             issued: vec![0; clients],
             applied: vec![0; clients],
@@ -225,7 +291,53 @@ impl World {
         };
         // One store for every simulated client; the owner it records is not what the simulation checks.
         let memory = MemoryBackend::new("simulation".into());
-        Self { config, memory, start: now, state: Mutex::new(state), turn: tokio::sync::Notify::new() }
+        let nodes = (0..config.model.servers()).map(|_| Node::new(0, now, config.lua_mutant.clone())).collect();
+        Self {
+            config,
+            memory,
+            start: now,
+            state: Mutex::new(state),
+            turn: tokio::sync::Notify::new(),
+            nodes: Mutex::new(nodes),
+            replication: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Sets the servers up as the model has them: replicas following the primary, each a little behind on the
+    /// clock; a Redlock group's lock-state marks (as a client's first connection to a fresh group writes them).
+    fn set_up_servers(&self) {
+        let mut nodes = self.nodes();
+        match self.config.model {
+            Model::RedisReplicas => {
+                for replica in 1..nodes.len() {
+                    let behind = self.state().rng.i64(0..=20_000);
+                    nodes[replica].follows = Some(0);
+                    nodes[replica].clock_offset_us = -behind;
+                }
+            }
+            Model::Redlock(_) => {
+                for node in nodes.iter_mut() {
+                    let now_us = self.node_now_us(node);
+                    let mark = format!("{PREFIX}redlock:since").into_bytes();
+                    node.redis.execute(now_us, &[b"SET".to_vec(), mark, b"0".to_vec(), b"NX".to_vec()]);
+                }
+            }
+            Model::Memory | Model::Redis => {}
+        }
+    }
+
+    /// The store's truth about `record`: its owner token (`None` for a freed or `min_hold` record), fencing
+    /// token and expiry in simulated time; on a Redlock group, the first server's (the oracle asks each server
+    /// itself, see `oracle.rs`).
+    pub(super) fn peek(&self, record: &str) -> Option<(Option<String>, u64, Instant)> {
+        match self.config.model {
+            Model::Memory => self.memory.peek(record),
+            _ => {
+                let nodes = self.nodes();
+                let node = self.resolve(&nodes, Target::Primary);
+                self.peek_node(&nodes, node, record)
+            }
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -295,15 +407,45 @@ impl Sim {
     /// A client (process) `index` of the world, talking to the shared store through its own fault layer.
     pub fn client(&self, index: usize) -> Client {
         assert!(index < self.0.config.clients, "client {index} of {}", self.0.config.clients);
-        let store = SimStore::new(Arc::clone(&self.0), index);
+        let world = &self.0;
+        let backend = match world.config.model {
+            Model::Memory => Backend::Simulated(SimStore::new(Arc::clone(world), index)),
+            Model::Redis | Model::RedisReplicas => {
+                let acks = (world.config.model == Model::RedisReplicas)
+                    .then_some(ReplicaAcks { count: 1, timeout: Duration::from_millis(50) });
+                Backend::Redis(self.redis(index, Target::Primary, acks))
+            }
+            Model::Redlock(n) => {
+                let servers = (0..n).map(|node| self.redis(index, Target::Node(node), None)).collect();
+                Backend::Redlock(RedlockBackend::simulated(servers, PREFIX, world.config.response_timeout))
+            }
+        };
         Client {
             inner: Arc::new(ClientInner {
-                backend: Backend::Simulated(store),
+                backend,
                 prefix: PREFIX.into(),
                 renewer: Default::default(),
                 shutdown: Default::default(),
             }),
         }
+    }
+
+    /// A Redis backend of client `index` whose connections reach `target`.
+    fn redis(&self, index: usize, target: Target, acks: Option<ReplicaAcks>) -> RedisBackend {
+        let world = Arc::clone(&self.0);
+        let timeouts = Timeouts { connect: world.config.response_timeout, response: world.config.response_timeout };
+        let open = move |push| Connection::new(Arc::clone(&world), index, target, push);
+        RedisBackend::simulated(open, &format!("sim-client-{index}"), timeouts, acks)
+    }
+
+    /// Spawns `task` as a task of client `client`: it stops while the client is stalled, and so do the tasks
+    /// the engine spawns from it (the client's renewer, its background releases).
+    pub fn spawn<F>(&self, client: usize, task: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        tokio::spawn(stall::of_client(client, task))
     }
 
     /// The schedule's configuration.
@@ -341,8 +483,9 @@ impl Sim {
         self.0.state().faults += 1;
     }
 
-    /// Stalls client `client` for `how_long`: it sends nothing, and hears no reply or announcement, until then
-    /// (what a GC pause or SIGSTOP does; its timers still fire, and what they send waits).
+    /// Stalls client `client` for `how_long`: its tasks (those spawned with [`Sim::spawn`] and the engine's
+    /// they spawn) run nothing, it sends nothing, and hears no reply or announcement, until then (what a GC
+    /// pause or SIGSTOP does; its timers fire late).
     pub fn stall(&self, client: usize, how_long: Duration) {
         let now = Instant::now();
         let until = now + how_long;
@@ -365,6 +508,51 @@ impl Sim {
         drop(state);
         self.0.disturb(None, now, now + how_long);
         self.0.trace(|| format!("store PAUSED for {how_long:?}"));
+    }
+
+    /// The store model of this schedule.
+    pub fn model(&self) -> Model {
+        self.0.config.model
+    }
+
+    /// Server `server` restarts without persistence: its keys and scripts are gone, its clock runs on, and
+    /// every connection to it is reset. Locks it held are lost (README: holders find out at their next
+    /// renewal), so the oracle no longer holds guards granted before it to exclusion on that server.
+    pub fn restart_server(&self, server: usize) {
+        self.fault();
+        self.0.restart_node(server);
+    }
+
+    /// Pauses server `server` for `how_long` (a Redlock group's servers one at a time).
+    pub fn pause_server(&self, server: usize, how_long: Duration) {
+        let now = Instant::now();
+        self.fault();
+        let mut nodes = self.0.nodes();
+        nodes[server].paused_until = nodes[server].paused_until.max(now + how_long);
+        drop(nodes);
+        self.0.disturb(None, now, now + how_long);
+        self.0.trace(|| format!("server {server} PAUSED for {how_long:?}"));
+    }
+
+    /// Steps server `server`'s wall clock by `micros` (forward when positive). A step forward beyond a lease's
+    /// drift allowance can end that lease early on the server (README: Redis expires keys by its own clock);
+    /// the oracle excuses exactly those leases, and holds every other to the rules.
+    pub fn step_clock(&self, server: usize, micros: i64) {
+        self.fault();
+        let mut nodes = self.0.nodes();
+        nodes[server].clock_offset_us += micros;
+        nodes[server].steps.push((Instant::now(), micros));
+        drop(nodes);
+        if micros < 0 {
+            self.0.stepped_back(-micros);
+        }
+        self.0.trace(|| format!("server {server} CLOCK STEPPED by {micros} µs"));
+    }
+
+    /// The primary fails and its most advanced replica takes over (model `redis+replicas`).
+    pub fn fail_over(&self) {
+        self.fault();
+        self.0.fail_over();
     }
 
     /// Client `client` crashes: it never sends or hears anything again. Every lock it held must be free

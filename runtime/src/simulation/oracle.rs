@@ -26,7 +26,7 @@ impl World {
         };
         let mut valid: Vec<(&str, &str)> = Vec::new();
         for (grant, client, name) in &grants {
-            if grant.is_lost() {
+            if grant.is_lost() || self.excused(grant) {
                 continue;
             }
             if !self.check_grant(grant, *client, &format!("{name} ({when})")) {
@@ -44,7 +44,36 @@ impl World {
         let lease = grant.lease();
         let now = Instant::now();
         let ms = |at: Instant| at.saturating_duration_since(self.start).as_secs_f64() * 1000.0;
-        match self.memory.peek(&grant.keys.record) {
+        if self.excused(grant) {
+            return false;
+        }
+        if let super::Model::Redlock(_) = self.config.model {
+            let (holding, quorum) = self.redlock_holders(grant);
+            if holding < quorum {
+                let seen: Vec<String> = self
+                    .peek_each(&grant.keys.record)
+                    .iter()
+                    .map(|s| match s {
+                        Some((token, _, expires)) => format!(
+                            "{} until {:.3} ms",
+                            token.as_deref().map_or_else(|| "nobody".to_owned(), short),
+                            ms(*expires)
+                        ),
+                        None => "none".to_owned(),
+                    })
+                    .collect();
+                self.violation(format!(
+                    "c{client} {name}: guard of {} ({}) valid until {:.3} ms, but only {holding} servers (quorum {quorum}) hold its grant that long: {}",
+                    grant.keys.name,
+                    short(grant.token.as_str()),
+                    ms(lease.valid_until),
+                    seen.join(", ")
+                ));
+                return false;
+            }
+            return true;
+        }
+        match self.peek(&grant.keys.record) {
             Some((Some(token), fence, expires_at)) if token == grant.token.as_str() => {
                 if lease.valid_until > expires_at {
                     self.violation(format!(
@@ -91,10 +120,19 @@ impl World {
         if grant.is_finished() || lease.gone {
             return;
         }
-        let Some((Some(holder), ..)) = self.memory.peek(&grant.keys.record) else { return };
         let since = lease.since.checked_sub(self.config.response_timeout).unwrap_or(lease.since);
-        if holder != grant.token.as_str() || self.disturbed(client, since, Instant::now()) {
-            return;
+        if let super::Model::Redlock(n) = self.config.model {
+            // Redlock: its renewals count only with a quorum; a server that stopped answering is a fault.
+            if self.redlock_count(&grant.keys.record, grant.token.as_str()) <= n / 2
+                || self.disturbed(client, since, Instant::now())
+            {
+                return;
+            }
+        } else {
+            let Some((Some(holder), ..)) = self.peek(&grant.keys.record) else { return };
+            if holder != grant.token.as_str() || self.disturbed(client, since, Instant::now()) {
+                return;
+            }
         }
         self.violation(format!(
             "c{client} {name}: guard reads lost while the store holds its grant, with no fault since its lease was granted"
@@ -103,12 +141,20 @@ impl World {
 
     /// After the store applied a command on `record`: a new owner's fencing token is above the last one's.
     pub(super) fn check_fence(&self, record: &str) {
-        let Some((token, fence, _)) = self.memory.peek(record) else { return };
+        if matches!(self.config.model, super::Model::Redlock(_)) || record.is_empty() {
+            return; // Redlock refuses fencing: its grants carry 0.
+        }
+        // A freed record (FREED or NOBODY over its token) keeps its last owner's fencing token: no new owner.
+        let Some((token @ Some(_), fence, _)) = self.peek(record) else { return };
         let mut state = self.state();
         let last = state.last_fence.insert(record.to_owned(), (token.clone(), fence));
+        // When the last owner's grant was first seen: the clock assumption counts from it.
+        if last.as_ref().is_none_or(|(last_token, _)| *last_token != token) {
+            state.fence_seen.insert(record.to_owned(), Instant::now());
+        }
         drop(state);
         if let Some((last_token, last_fence)) = last {
-            if last_token != token && fence <= last_fence {
+            if last_token != token && fence <= last_fence && !self.fence_excused(record) {
                 self.violation(format!("fencing token {fence} of a new owner of {record} is not above {last_fence}"));
             }
         }
@@ -117,7 +163,7 @@ impl World {
     /// `since` + a round trip or two after the holder of `tokens` was gone: the store holds none of them,
     /// unless a fault kept the clean-up from it.
     pub(super) fn check_gone(&self, client: usize, record: &str, tokens: &[String], since: Instant) {
-        let Some((Some(holder), ..)) = self.memory.peek(record) else { return };
+        let Some(holder) = self.held_by(record) else { return };
         if !tokens.contains(&holder) || self.disturbed(client, since - self.config.normal_delay * 4, Instant::now()) {
             return;
         }
@@ -132,7 +178,7 @@ impl World {
     pub(super) fn check_crashed(&self, client: usize, bound: Duration) {
         let records: Vec<String> = self.state().last_fence.keys().cloned().collect();
         for record in records {
-            let Some((Some(holder), ..)) = self.memory.peek(&record) else { continue };
+            let Some(holder) = self.held_by(&record) else { continue };
             if self.state().owners.get(&holder) == Some(&client) {
                 self.violation(format!(
                     "c{client} crashed, yet {record} is still held by its token {} {bound:?} later",
@@ -140,5 +186,15 @@ impl World {
                 ));
             }
         }
+    }
+
+    /// Whose grant `record` holds: the primary's record; on a Redlock group, a token a majority holds.
+    fn held_by(&self, record: &str) -> Option<String> {
+        if let super::Model::Redlock(n) = self.config.model {
+            let seen = self.peek_each(record);
+            let tokens = seen.iter().filter_map(|s| s.as_ref().and_then(|(t, ..)| t.clone()));
+            return tokens.clone().find(|t| tokens.clone().filter(|u| u == t).count() > n / 2);
+        }
+        self.peek(record).and_then(|(holder, ..)| holder)
     }
 }

@@ -34,20 +34,20 @@ pub(crate) struct SimStore {
 
 /// What happens to one call, drawn when it is made.
 #[derive(Debug, Clone, Copy)]
-struct Plan {
-    id: u64,
+pub(super) struct Plan {
+    pub(super) id: u64,
     /// This call's place among its client's calls: one connection applies and answers them in order.
-    seq: u64,
-    request: Duration,
-    reply: Duration,
-    lose_request: bool,
-    lose_reply: bool,
+    pub(super) seq: u64,
+    pub(super) request: Duration,
+    pub(super) reply: Duration,
+    pub(super) lose_request: bool,
+    pub(super) lose_reply: bool,
     /// A lost message leaves the caller waiting for its timeout (else the connection resets at once).
-    blackhole: bool,
+    pub(super) blackhole: bool,
 }
 
 impl World {
-    fn plan(&self, client: usize) -> Plan {
+    pub(super) fn plan(&self, client: usize) -> Plan {
         let config = &self.config;
         let mut state = self.state();
         state.calls += 1;
@@ -79,7 +79,7 @@ impl World {
     }
 
     /// Carries one call to the store and its reply back, as `plan` says.
-    async fn carry<T, Fut>(
+    pub(super) async fn carry<T, Fut>(
         self: Arc<Self>,
         client: usize,
         plan: Plan,

@@ -280,7 +280,7 @@ impl<T: Transport> Coalescer<T> {
     fn spawn_drainer(self: &Arc<Self>) {
         let drainer = Drainer { coalescer: Arc::clone(self), done: false, due: true };
         let runtime = tokio::runtime::Handle::try_current().unwrap_or_else(|_| self.runtime.clone());
-        runtime.spawn(drainer.run());
+        crate::hooks::spawn_on(&runtime, drainer.run());
     }
 }
 

@@ -25,6 +25,9 @@ pub(super) enum Link {
     Cluster(Arc<Rebuilding<ClusterConnection>>),
     /// The primary the sentinels name; rebuilt, after asking them again, when it fails or is demoted.
     Sentinel(Arc<Rebuilding<ConnectionManager>>),
+    /// A connection to a simulated redis-server, through the deterministic simulation's network (tests only).
+    #[cfg(feature = "simulation")]
+    Simulated(crate::simulation::Connection),
 }
 
 /// Makes a new connection (a cluster's, or to the primary the sentinels name now).
@@ -130,7 +133,7 @@ impl<C: Clone + Send + Sync + 'static> Rebuilding<C> {
     /// Replaces the connection now (in the background, unless one was made a moment ago).
     fn replace(self: &Arc<Self>) {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(Arc::clone(self).rebuild());
+            crate::hooks::spawn_on(&runtime, Arc::clone(self).rebuild());
         }
     }
 
@@ -224,6 +227,8 @@ impl Link {
             Link::One(conn) => conn.subscribe(channel).await,
             Link::Cluster(link) => link.connection().ssubscribe(channel).await,
             Link::Sentinel(link) => link.connection().subscribe(channel).await,
+            #[cfg(feature = "simulation")]
+            Link::Simulated(conn) => conn.subscribe(&[channel.to_vec()]).await,
         }
     }
 
@@ -242,6 +247,8 @@ impl Link {
                 futures_util::future::join_all(each).await.into_iter().collect()
             }
             Link::Sentinel(link) => link.connection().subscribe(channels).await,
+            #[cfg(feature = "simulation")]
+            Link::Simulated(conn) => conn.subscribe(channels).await,
         }
     }
 
@@ -251,6 +258,8 @@ impl Link {
             Link::One(conn) => conn.unsubscribe(channel).await,
             Link::Cluster(link) => link.connection().sunsubscribe(channel).await,
             Link::Sentinel(link) => link.connection().unsubscribe(channel).await,
+            #[cfg(feature = "simulation")]
+            Link::Simulated(conn) => conn.unsubscribe(channel).await,
         }
     }
 
@@ -261,6 +270,8 @@ impl Link {
             Link::One(_) => script.source,
             Link::Cluster(_) => script.sharded.source,
             Link::Sentinel(_) => script.numbered.source,
+            #[cfg(feature = "simulation")]
+            Link::Simulated(_) => script.source,
         }
     }
 }
@@ -271,6 +282,8 @@ impl Link {
             Link::One(conn) => conn.req_packed_command(cmd),
             Link::Cluster(link) => link.run(move |mut c| Box::pin(async move { c.req_packed_command(cmd).await })),
             Link::Sentinel(link) => link.run(move |mut c| Box::pin(async move { c.req_packed_command(cmd).await })),
+            #[cfg(feature = "simulation")]
+            Link::Simulated(conn) => Box::pin(conn.send(cmd)),
         }
     }
 
@@ -283,13 +296,20 @@ impl Link {
             Link::Sentinel(link) => {
                 link.run(move |mut c| Box::pin(async move { c.req_packed_commands(cmd, offset, count).await }))
             }
+            #[cfg(feature = "simulation")]
+            Link::Simulated(conn) => Box::pin(conn.send_all(cmd, offset, count)),
         }
     }
 
     /// Whether the connection carries the subscriptions too (a cluster's, or the primary's behind Sentinel), so
     /// its script calls are numbered. One server's subscriptions have a connection of their own.
     fn carries_subscriptions(&self) -> bool {
-        !matches!(self, Link::One(_))
+        match self {
+            Link::One(_) => false,
+            #[cfg(feature = "simulation")]
+            Link::Simulated(_) => false,
+            _ => true,
+        }
     }
 
     /// After a reply that answered another call: the connection's replies are out of step with its calls, so
@@ -300,6 +320,8 @@ impl Link {
             Link::One(_) => {}
             Link::Cluster(link) => link.replace(),
             Link::Sentinel(link) => link.replace(),
+            #[cfg(feature = "simulation")]
+            Link::Simulated(_) => {}
         }
     }
 }
@@ -435,6 +457,8 @@ impl ConnectionLike for Link {
             Link::One(conn) => conn.get_db(),
             Link::Cluster(_) => 0,
             Link::Sentinel(link) => link.connection().get_db(),
+            #[cfg(feature = "simulation")]
+            Link::Simulated(_) => 0,
         }
     }
 }

@@ -29,6 +29,10 @@ mod listing;
 mod multi_key;
 mod plain;
 mod scripts;
+#[cfg(feature = "simulation")]
+pub(crate) use self::scripts::script_name;
+#[cfg(feature = "simulation")]
+mod simulated;
 mod subscriber;
 mod window;
 

@@ -606,3 +606,26 @@ mod reply_tests {
         assert_eq!(remaining_of(100).unwrap(), Some(Duration::from_millis(100)));
     }
 }
+
+/// The name of the script whose SHA or source `script` is, for the simulation's trace.
+#[cfg(feature = "simulation")]
+pub(crate) fn script_name(script: &[u8]) -> Option<&'static str> {
+    const NAMES: [&str; 14] = [
+        "ACQUIRE",
+        "ACQUIRE_PLAIN",
+        "ACQUIRE_ALL",
+        "RELEASE",
+        "BATCH",
+        "BATCH_SPREAD",
+        "RENEW",
+        "RENEW_MANY",
+        "RENEW_SPREAD",
+        "WITHDRAW",
+        "REMAINING",
+        "INFO",
+        "FORCE_UNLOCK",
+        "WAITERS",
+    ];
+    let found = all_scripts().into_iter().position(|s| s.sha.as_bytes() == script || s.source.as_bytes() == script)?;
+    Some(NAMES[found])
+}

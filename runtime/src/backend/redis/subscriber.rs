@@ -211,7 +211,7 @@ impl Subscriber {
                 entry.waiters.is_empty()
             };
             let (Some(runtime), true) = (runtime, last) else { return };
-            runtime.spawn(async move {
+            crate::hooks::spawn_on(&runtime, async move {
                 let _serial = commands.lock().await;
                 let was_subscribed = {
                     let mut map = lock_channels(&channels);
@@ -248,7 +248,7 @@ impl Resubscribe {
     /// Subscribes again, in the background, to every channel with waiters, or `only` to that one.
     fn start(&self, only: Option<Vec<u8>>) {
         let Some(runtime) = &self.runtime else { return };
-        runtime.spawn(self.clone().run(only));
+        crate::hooks::spawn_on(&runtime, self.clone().run(only));
     }
 
     async fn run(self, only: Option<Vec<u8>>) {

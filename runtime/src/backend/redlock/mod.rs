@@ -105,6 +105,16 @@ impl RedlockBackend {
         Ok(Self { servers, unfinished, live, names, response: settings.timeouts.response })
     }
 
+    /// A group of simulated servers (deterministic simulation, tests only), each already marked as a group
+    /// set up fresh (the simulation writes the marks, as [`connect`](Self::connect) would).
+    #[cfg(feature = "simulation")]
+    pub(crate) fn simulated(servers: Vec<RedisBackend>, prefix: &str, response: Duration) -> Self {
+        let mark = restart::mark_key(prefix);
+        let servers = servers.into_iter().map(|server| Arc::new(server.plain(&mark))).collect();
+        let (unfinished, live) = (Unfinished::default(), Live::default());
+        Self { servers, unfinished, live, names: "sim://redlock".into(), response }
+    }
+
     fn quorum(&self) -> usize {
         self.servers.len() / 2 + 1
     }

@@ -91,7 +91,7 @@ impl RedlockBackend {
         let (tx, rx) = mpsc::unbounded_channel();
         let calls: Vec<Fut> =
             self.servers.iter().enumerate().map(|(i, server)| call(Arc::clone(server), tx.clone(), i)).collect();
-        tokio::spawn(futures_util::future::join_all(calls));
+        crate::hooks::spawn(futures_util::future::join_all(calls));
         rx
     }
 

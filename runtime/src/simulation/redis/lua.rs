@@ -61,6 +61,8 @@ pub(super) struct Engine {
     /// name (a compiled script holds no state; compiling the large ones again cost the simulation more than
     /// anything else it did per restart).
     compiled: HashMap<Vec<u8>, Function>,
+    /// A mutant of the production scripts to run in their place (the simulation's Lua mutation testing).
+    pub(super) mutant: Option<crate::simulation::LuaMutant>,
 }
 
 impl fmt::Debug for Engine {
@@ -142,20 +144,38 @@ impl Engine {
                 _ => Ok(VmState::Continue),
             }
         })?;
-        Ok(Self { lua, globals, env, runner, handler, scripts: HashSet::new(), compiled: HashMap::new() })
+        Ok(Self { lua, globals, env, runner, handler, scripts: HashSet::new(), compiled: HashMap::new(), mutant: None })
     }
 
     /// Caches the script `body` (SHA1 `sha`), compiled as Redis compiles it (`luaCreateFunction`: chunk
     /// `@user_script`, text only), or the compiler's error reply.
     fn cache(&mut self, sha: &[u8], body: &[u8]) -> Result<Function, Reply> {
+        self.scripts.insert(sha.to_vec());
+        let function = self.compiled_for(sha, body);
+        if function.is_err() {
+            self.scripts.remove(sha);
+        }
+        function
+    }
+
+    /// The function the script `body` (SHA1 `sha`) runs as, compiled once: with a mutant, the mutant's text.
+    fn compiled_for(&mut self, sha: &[u8], body: &[u8]) -> Result<Function, Reply> {
         if let Some(function) = self.compiled.get(sha) {
-            self.scripts.insert(sha.to_vec());
             return Ok(function.clone());
         }
-        let function = self.compile(body)?;
+        let mutated = self.mutant.as_ref().and_then(|m| Some(m.apply(std::str::from_utf8(body).ok()?).into_bytes()));
+        let function = self.compile(mutated.as_deref().unwrap_or(body))?;
         self.compiled.insert(sha.to_vec(), function.clone());
-        self.scripts.insert(sha.to_vec());
         Ok(function)
+    }
+
+    /// A server's engine started afresh: no script cached (what it compiled stays, in name only gone).
+    pub(super) fn reset(&mut self, mutant: Option<crate::simulation::LuaMutant>) {
+        self.scripts.clear();
+        if self.mutant != mutant {
+            self.compiled.clear();
+            self.mutant = mutant;
+        }
     }
 
     /// `body` compiled as a chunk `@user_script`, refusing bytecode, with the scripts' environment; Redis's

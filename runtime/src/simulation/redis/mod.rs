@@ -38,7 +38,8 @@ use reply::Reply;
 #[derive(Debug)]
 pub(crate) struct SimRedis {
     keyspace: Keyspace,
-    engine: lua::Engine,
+    /// Always `Some` until dropped, when the state goes back to this thread's pool.
+    engine: Option<lua::Engine>,
 }
 
 /// What one command did.
@@ -68,6 +69,25 @@ pub(crate) struct Published {
     pub(crate) sharded: bool,
 }
 
+thread_local! {
+    /// Lua states of servers gone, for the next ones on this thread.
+    static ENGINES: std::cell::RefCell<Vec<lua::Engine>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Drop for SimRedis {
+    fn drop(&mut self) {
+        if let Some(engine) = self.engine.take() {
+            // A handful covers a schedule's servers; the pool is dropped with its thread.
+            let _ = ENGINES.try_with(|pool| {
+                let mut pool = pool.borrow_mut();
+                if pool.len() < 8 {
+                    pool.push(engine);
+                }
+            });
+        }
+    }
+}
+
 impl Default for SimRedis {
     fn default() -> Self {
         Self::new()
@@ -77,7 +97,16 @@ impl Default for SimRedis {
 impl SimRedis {
     /// An empty server.
     pub(crate) fn new() -> Self {
-        Self { keyspace: Keyspace::default(), engine: lua::Engine::new() }
+        Self::running(None)
+    }
+
+    /// An empty server whose scripts run as `mutant` has them (the simulation's Lua mutation testing). Its Lua
+    /// state comes from this thread's pool of states of earlier servers, their script caches emptied: setting
+    /// one up and compiling the scripts again cost a schedule more than running it.
+    pub(crate) fn running(mutant: Option<crate::simulation::LuaMutant>) -> Self {
+        let mut engine = ENGINES.with(|pool| pool.borrow_mut().pop()).unwrap_or_else(lua::Engine::new);
+        engine.reset(mutant);
+        Self { keyspace: Keyspace::default(), engine: Some(engine) }
     }
 
     /// Runs one command at the server's wall-clock time `now_us` (µs since the Unix epoch). TIME replies it
@@ -101,17 +130,27 @@ impl SimRedis {
         Executed { reply: reply.into_value(), published, effects }
     }
 
+    fn engine(&mut self) -> &mut lua::Engine {
+        self.engine.get_or_insert_with(lua::Engine::new)
+    }
+
     /// Runs a command whose arity fits.
     fn run(&mut self, kind: Kind, ctx: &mut Ctx, args: &[Vec<u8>]) -> Reply {
         match kind {
             Kind::Data(run) => run(&mut self.keyspace, ctx, args),
-            Kind::Eval => self.engine.eval(&mut self.keyspace, ctx, args, false),
-            Kind::EvalSha => self.engine.eval(&mut self.keyspace, ctx, args, true),
-            Kind::ScriptLoad => self.engine.load(&args[2]),
-            Kind::ScriptExists => self.engine.exists(&args[2..]),
+            Kind::Eval => {
+                let engine = self.engine.get_or_insert_with(lua::Engine::new);
+                engine.eval(&mut self.keyspace, ctx, args, false)
+            }
+            Kind::EvalSha => {
+                let engine = self.engine.get_or_insert_with(lua::Engine::new);
+                engine.eval(&mut self.keyspace, ctx, args, true)
+            }
+            Kind::ScriptLoad => self.engine().load(&args[2]),
+            Kind::ScriptExists => self.engine().exists(&args[2..]),
             Kind::ScriptFlush => match args {
-                [_, _] => self.engine.flush(),
-                [_, _, mode] if parse::is(mode, "sync") || parse::is(mode, "async") => self.engine.flush(),
+                [_, _] => self.engine().flush(),
+                [_, _, mode] if parse::is(mode, "sync") || parse::is(mode, "async") => self.engine().flush(),
                 _ => Reply::error("ERR SCRIPT FLUSH only support SYNC|ASYNC option"),
             },
             Kind::ScriptKill => Reply::error("NOTBUSY No scripts in execution right now."),
@@ -122,7 +161,7 @@ impl SimRedis {
     /// globals are read-only to scripts, so a script leaves nothing in it that a new process would not have.
     pub(crate) fn restart(&mut self) {
         self.keyspace = Keyspace::default();
-        self.engine.flush();
+        self.engine().flush();
     }
 
     /// A replica applies its primary's effects.

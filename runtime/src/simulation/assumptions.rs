@@ -1,0 +1,111 @@
+//! What the oracle holds the servers' faults to, model by model, as the README states the guarantees:
+//! - a restart without persistence (or a failover, for the old primary's state) loses the locks it held: a
+//!   grant whose lease was sent before it is no longer held to exclusion on that server ("holders find out at
+//!   their next renewal"); Redlock keeps exclusion across a minority's restarts (its lock-state marks), so
+//!   there a restarted server counts as still holding the grants it lost until they would have expired;
+//! - a server's clock stepping forward ends its records early by the step: a lease is excused only when the
+//!   steps since it was sent exceed its drift allowance (S1 holds "while clocks drift less than the drift
+//!   allowance"); within the allowance it is checked as always, so the boundary is checked from both sides;
+//! - fencing tokens rise "as long as the server's clock does not step back by more than the time since the
+//!   key's last grant": a token not above the last is excused only then.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::wire::Target;
+use super::{Model, World};
+use crate::grant::{drift, Grant};
+
+/// One server's view of a record: owner token, fencing token, expiry.
+type Seen = Option<(Option<String>, u64, Instant)>;
+
+impl World {
+    /// Whether server `node` restarted (lost its state) after `since`.
+    pub(super) fn restarted_since(&self, node: usize, since: Instant) -> bool {
+        self.nodes()[node].restarts.iter().any(|&at| at >= since)
+    }
+
+    /// Whether server `node`'s clock stepped forward by more than `grant`'s drift allowance since its lease was
+    /// sent: past the README's assumption for that lease.
+    pub(super) fn stepped_past_allowance(&self, node: usize, grant: &Grant) -> bool {
+        let lease = grant.lease();
+        // valid_until = since + L − drift(L), so the lease L the server reported is (valid − 2 ms) / 0.99.
+        let valid = lease.valid_until.saturating_duration_since(lease.since);
+        let reported = (valid + Duration::from_millis(2)).mul_f64(1.0 / 0.99);
+        let allowance = drift(reported).as_micros() as i64;
+        let forward: i64 =
+            self.nodes()[node].steps.iter().filter(|(at, _)| *at >= lease.since).map(|(_, d)| (*d).max(0)).sum();
+        forward > allowance
+    }
+
+    /// Whether the oracle holds `grant` to the rules on the single-primary models: not when its server lost
+    /// its state since the lease was sent, or stepped its clock past the lease's allowance.
+    pub(super) fn excused(&self, grant: &Grant) -> bool {
+        let lease_since = grant.lease().since;
+        match self.config.model {
+            Model::Memory => false,
+            Model::Redlock(_) => false,
+            Model::Redis | Model::RedisReplicas => {
+                let node = {
+                    let nodes = self.nodes();
+                    self.resolve(&nodes, Target::Primary)
+                };
+                // A failover is a restart of the old primary: any restart of any server counts.
+                (0..self.config.model.servers()).any(|n| self.restarted_since(n, lease_since))
+                    || self.stepped_past_allowance(node, grant)
+            }
+        }
+    }
+
+    /// Every server's view of `record` (Redlock).
+    pub(super) fn peek_each(&self, record: &str) -> Vec<Seen> {
+        let nodes = self.nodes();
+        (0..nodes.len()).map(|n| self.peek_node(&nodes, n, record)).collect()
+    }
+
+    /// Redlock: how many servers hold `grant` until at least its deadline, counting a server that restarted
+    /// or stepped its clock past the allowance since the lease was sent as holding it (its lock-state mark
+    /// keeps it from voting for anyone else until the lost records would have expired; a clock step is past
+    /// the assumption), and the quorum.
+    pub(super) fn redlock_holders(&self, grant: &Grant) -> (usize, usize) {
+        let lease = grant.lease();
+        let seen = self.peek_each(&grant.keys.record);
+        let holding = seen
+            .iter()
+            .enumerate()
+            .filter(|(node, seen)| {
+                let held = matches!(seen, Some((Some(token), _, expires))
+                    if token == grant.token.as_str() && *expires >= lease.valid_until);
+                held || self.restarted_since(*node, lease.since) || self.stepped_past_allowance(*node, grant)
+            })
+            .count();
+        (holding, seen.len() / 2 + 1)
+    }
+
+    /// Redlock: how many servers hold a record of `token`.
+    pub(super) fn redlock_count(&self, record: &str, token: &str) -> usize {
+        self.peek_each(record).iter().filter(|s| matches!(s, Some((Some(t), ..)) if t == token)).count()
+    }
+
+    /// A server's clock stepped back by `micros` (or a failover went to a server that far behind): for every
+    /// key whose last grant is more recent than that, the README's assumption for its tokens is broken, and its
+    /// next grant may take a token below the last. Excused once; the clock is consistent with the tokens after.
+    pub(super) fn stepped_back(&self, micros: i64) {
+        let now = Instant::now();
+        let mut state = self.state();
+        let broken: Vec<String> = state
+            .fence_seen
+            .iter()
+            .filter(|(_, &at)| (now.saturating_duration_since(at).as_micros() as i64) < micros)
+            .map(|(record, _)| record.clone())
+            .collect();
+        state.fence_void.extend(broken);
+    }
+
+    /// Whether a fencing token of `record` not above the last one is past the README's assumption (and the
+    /// excuse is used up).
+    pub(super) fn fence_excused(&self, record: &str) -> bool {
+        self.config.model != Model::Memory && self.state().fence_void.remove(record)
+    }
+}
