@@ -45,7 +45,10 @@ impl World {
         let lease_since = grant.lease().since;
         match self.config.model {
             Model::Memory => false,
-            Model::Redlock(_) => false,
+            // A clock jump on a server of the majority can free the lock early (README, Redlock): a lease is
+            // no longer held to exclusion once any server's clock jumped past its allowance. Restarts are not
+            // excused: the servers' lock-state marks keep exclusion across them.
+            Model::Redlock(n) => (0..n).any(|node| self.stepped_past_allowance(node, grant)),
             Model::Redis | Model::RedisReplicas => {
                 let node = {
                     let nodes = self.nodes();

@@ -185,6 +185,8 @@ struct State {
     fence_seen: std::collections::BTreeMap<String, Instant>,
     /// Records whose next token may go back: a clock stepped back past the README's assumption for them.
     fence_void: std::collections::BTreeSet<String>,
+    /// Every (record, owner token) the store was seen to hold.
+    owners_seen: std::collections::BTreeSet<(String, String)>,
     /// Which client sent each token the store has seen.
     owners: std::collections::BTreeMap<String, usize>,
     /// Per client: calls made, calls the store applied (or lost), and calls answered (or lost): one
@@ -283,6 +285,7 @@ impl World {
             last_fence: Default::default(),
             fence_seen: Default::default(),
             fence_void: Default::default(),
+            owners_seen: Default::default(),
             owners: Default::default(),
             issued: vec![0; clients],
             applied: vec![0; clients],

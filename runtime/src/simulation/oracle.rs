@@ -77,9 +77,10 @@ impl World {
             Some((Some(token), fence, expires_at)) if token == grant.token.as_str() => {
                 if lease.valid_until > expires_at {
                     self.violation(format!(
-                        "c{client} {name}: guard valid until {:.3} ms, past the store's expiry of its grant at {:.3} ms",
+                        "c{client} {name}: guard valid until {:.3} ms, past the store's expiry of its grant at {:.3} ms{}",
                         ms(lease.valid_until),
-                        ms(expires_at)
+                        ms(expires_at),
+                        self.where_held()
                     ));
                     return false;
                 }
@@ -147,6 +148,12 @@ impl World {
         // A freed record (FREED or NOBODY over its token) keeps its last owner's fencing token: no new owner.
         let Some((token @ Some(_), fence, _)) = self.peek(record) else { return };
         let mut state = self.state();
+        // Only a grant makes a new owner: a record that went back to an earlier owner's (a failover to a
+        // replica that missed the later grants and the earlier release) issued no token.
+        let owner = (record.to_owned(), token.clone().unwrap_or_default());
+        if !state.owners_seen.insert(owner) {
+            return;
+        }
         let last = state.last_fence.insert(record.to_owned(), (token.clone(), fence));
         // When the last owner's grant was first seen: the clock assumption counts from it.
         if last.as_ref().is_none_or(|(last_token, _)| *last_token != token) {
@@ -196,5 +203,16 @@ impl World {
             return tokens.clone().find(|t| tokens.clone().filter(|u| u == t).count() > n / 2);
         }
         self.peek(record).and_then(|(holder, ..)| holder)
+    }
+
+    /// Where the store's truth was read, for messages: the primary and the servers' clocks.
+    fn where_held(&self) -> String {
+        if self.config.model.servers() <= 1 {
+            return String::new();
+        }
+        let nodes = self.nodes();
+        let primary = self.resolve(&nodes, super::wire::Target::Primary);
+        let clocks: Vec<String> = nodes.iter().map(|n| format!("{} µs (follows {:?})", n.clock_offset_us, n.follows)).collect();
+        format!(" (primary: server {primary}; clocks {})", clocks.join(", "))
     }
 }

@@ -370,11 +370,12 @@ impl World {
         nodes[old].redis.restart();
         nodes[new].follows = None;
         nodes[new].reset_at = Some(now);
-        // Its clock, behind the old primary's, reads to the tokens as a step back.
-        let behind = nodes[new].clock_offset_us - nodes[old].clock_offset_us;
-        if behind < 0 {
-            nodes[new].steps.push((now, behind));
-            self.stepped_back(-behind);
+        // Its clock against the old primary's reads as a step: back, to the tokens; forward, to the records
+        // the old primary wrote (their expiry is absolute, so they end that much earlier).
+        let step = nodes[new].clock_offset_us - nodes[old].clock_offset_us;
+        nodes[new].steps.push((now, step));
+        if step < 0 {
+            self.stepped_back(-step);
         }
         let promoted = nodes[new].redis.snapshot(self.node_now_us(&nodes[new]));
         let promoted: Effects = promoted.into_iter().map(|(k, e)| (k, Some(e))).collect();

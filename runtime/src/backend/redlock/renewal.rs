@@ -31,7 +31,9 @@ use tokio::sync::watch;
 
 use super::round::{clone_error, count_in, Batch};
 use super::RedlockBackend;
+use crate::backend::redis::timeout_error;
 use crate::backend::{Attempt, LockKeys, Renewal, Store};
+use crate::error::BackendError;
 use crate::{LockError, LockToken};
 
 /// What one server did about one lock in a renewal round.
@@ -96,31 +98,51 @@ impl RedlockBackend {
             async move {
                 let items: Vec<Renewal<'_>> =
                     owned.iter().map(|(keys, token, ttl)| Renewal { keys, token, ttl: *ttl }).collect();
-                let kept: BatchKept = match server.renew_many(&items).await {
-                    Err(e) => Err(e),
-                    Ok(renewed) => {
-                        let calls = renewed.into_iter().zip(owned.iter()).map(|(renewed, (keys, token, ttl))| {
-                            let (server, live, unfinished) = (&server, &live, &unfinished);
-                            async move {
-                                match renewed {
-                                    Ok(true) => Ok(Kept::Renewed),
-                                    Ok(false) => {
-                                        // Marked under way before the lock is looked up: a release either finds
-                                        // the take under way and waits for it, or left first, and nothing is
-                                        // taken. A call already under way (an acquire's) takes nothing either.
-                                        let Some(_under_way) = unfinished.begin(i, token) else { return Ok(Kept::Not) };
-                                        let Some(metadata) = live.metadata(token) else { return Ok(Kept::Not) };
-                                        Ok(match server.acquire_plain(keys, token, *ttl, &metadata).await? {
-                                            (Attempt::Granted(_), age) if age < *ttl => Kept::Restored,
-                                            (Attempt::Granted(_), _) => Kept::Added,
-                                            (Attempt::Busy { .. }, _) => Kept::Not,
-                                        })
+                // A server's renewal (and its takes) ends with its round: sent again after the round (a
+                // NOSCRIPT answered by EVAL, a reset connection), it could land after a later renewal or extend
+                // of the same token and set its older, maybe shorter, lease over theirs, and the holder's
+                // deadline would lie past the server's expiry (found by the simulation: redlock seed 308).
+                // What was already sent is applied before anything sent later on that server's connection.
+                let work = async {
+                    let kept: BatchKept = match server.renew_many(&items).await {
+                        Err(e) => Err(e),
+                        Ok(renewed) => {
+                            let calls = renewed.into_iter().zip(owned.iter()).map(|(renewed, (keys, token, ttl))| {
+                                let (server, live, unfinished) = (&server, &live, &unfinished);
+                                async move {
+                                    match renewed {
+                                        Ok(true) => Ok(Kept::Renewed),
+                                        Ok(false) => {
+                                            // Marked under way before the lock is looked up: a release either
+                                            // finds the take under way and waits for it, or left first, and
+                                            // nothing is taken. A call already under way (an acquire's) takes
+                                            // nothing either.
+                                            let Some(_under_way) = unfinished.begin(i, token) else {
+                                                return Ok(Kept::Not);
+                                            };
+                                            let Some(metadata) = live.metadata(token) else { return Ok(Kept::Not) };
+                                            Ok(match server.acquire_plain(keys, token, *ttl, &metadata).await? {
+                                                (Attempt::Granted(_), age) if age < *ttl => Kept::Restored,
+                                                (Attempt::Granted(_), _) => Kept::Added,
+                                                (Attempt::Busy { .. }, _) => Kept::Not,
+                                            })
+                                        }
+                                        Err(e) => Err(e),
                                     }
-                                    Err(e) => Err(e),
                                 }
-                            }
-                        });
-                        Ok(futures_util::future::join_all(calls).await)
+                            });
+                            Ok(futures_util::future::join_all(calls).await)
+                        }
+                    };
+                    kept
+                };
+                let mut over = told.clone();
+                let kept: BatchKept = tokio::select! {
+                    biased;
+                    kept = work => kept,
+                    _ = over.wait_for(Option::is_some) => {
+                        let late = timeout_error("no answer before the renewal round was over");
+                        Err(BackendError::new(server.server(), None, late).into())
                     }
                 };
                 // Where this server may hold a lock for its token: renewed, taken, or unknown.
