@@ -316,6 +316,30 @@ impl Store for SimStore {
         self.call(what, keys, async move { m.acquire(&k, &t, ttl, &meta, queueing).await }).await
     }
 
+    /// The memory store's one-step grant of several free keys (`lock_all`), as one call named after the first
+    /// key; every key's fencing token is checked, as after any command on it.
+    async fn acquire_free(
+        &self,
+        locks: &[(&LockKeys, &LockToken)],
+        ttl: Duration,
+        metadata: &str,
+    ) -> Result<Option<Vec<Hold>>, LockError> {
+        let Some((first, _)) = locks.first() else { return Ok(None) };
+        locks.iter().for_each(|(_, token)| self.note(token));
+        let owned: Vec<(LockKeys, LockToken)> = locks.iter().map(|(k, t)| ((*k).clone(), (*t).clone())).collect();
+        let names: Vec<&str> = locks.iter().map(|(k, _)| k.name.as_str()).collect();
+        let what = format!("acquire_free {names:?} ttl {ttl:?}");
+        let (m, world, meta) = (self.memory(), Arc::clone(&self.world), metadata.to_owned());
+        self.call(what, first, async move {
+            let locks: Vec<(&LockKeys, &LockToken)> = owned.iter().map(|(k, t)| (k, t)).collect();
+            let out = m.acquire_free(&locks, ttl, &meta).await;
+            // The first key's is checked by `carry`, as for every call.
+            owned.iter().skip(1).for_each(|(keys, _)| world.check_fence(&keys.record));
+            out
+        })
+        .await
+    }
+
     async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError> {
         let (m, k, t) = (self.memory(), keys.clone(), token.clone());
         self.call(format!("withdraw {} by {token}", keys.name), keys, async move { m.withdraw(&k, &t).await }).await
