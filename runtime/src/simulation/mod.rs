@@ -8,6 +8,7 @@
 //! at every observation; see `oracle.rs`.
 
 mod oracle;
+mod outcomes;
 mod store;
 
 use std::cell::RefCell;
@@ -23,6 +24,7 @@ use crate::client::ClientInner;
 use crate::grant::Grant;
 pub use crate::hooks::Fix;
 use crate::{Client, LockGuard};
+pub use outcomes::Releasing;
 pub(crate) use store::SimStore;
 
 /// The key prefix of every simulated client.
@@ -130,6 +132,8 @@ struct State {
     replied: Vec<u64>,
     /// Per record: the subscribers to its announcements, in the order they subscribed.
     hubs: std::collections::BTreeMap<String, Vec<tokio::sync::mpsc::UnboundedSender<crate::backend::Announcement>>>,
+    /// What the rules of `outcomes.rs` remember: applied releases, forced unlocks, `max_hold` caps, shutdowns.
+    truth: outcomes::Truth,
 }
 
 thread_local! {
@@ -221,6 +225,7 @@ impl World {
             applied: vec![0; clients],
             replied: vec![0; clients],
             hubs: Default::default(),
+            truth: Default::default(),
         };
         // One store for every simulated client; the owner it records is not what the simulation checks.
         let memory = MemoryBackend::new("simulation".into());

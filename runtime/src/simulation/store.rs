@@ -346,9 +346,13 @@ impl Store for SimStore {
     }
 
     async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
-        let (m, k, t) = (self.memory(), keys.clone(), token.clone());
+        let (m, k, t, world) = (self.memory(), keys.clone(), token.clone(), Arc::clone(&self.world));
         let what = format!("renew {} by {token} ttl {ttl:?}", keys.name);
-        self.call(what, keys, async move { m.renew(&k, &t, ttl).await }).await
+        self.call(what, keys, async move {
+            world.applying_renew(&k.record, t.as_str());
+            m.renew(&k, &t, ttl).await
+        })
+        .await
     }
 
     async fn release(
@@ -357,9 +361,14 @@ impl Store for SimStore {
         token: &LockToken,
         keep: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
-        let (m, k, t) = (self.memory(), keys.clone(), token.clone());
+        let (m, k, t, world) = (self.memory(), keys.clone(), token.clone(), Arc::clone(&self.world));
         let what = format!("release {} by {token}", keys.name);
-        self.call(what, keys, async move { m.release(&k, &t, keep).await }).await
+        // This layer never sends a command again: a lost reply is an error to the engine.
+        self.call(what, keys, async move {
+            world.applying_release(&k.record, t.as_str(), false);
+            m.release(&k, &t, keep).await
+        })
+        .await
     }
 
     async fn remaining(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Duration>, LockError> {
@@ -373,8 +382,12 @@ impl Store for SimStore {
     }
 
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
-        let (m, k) = (self.memory(), keys.clone());
-        self.call(format!("force_unlock {}", keys.name), keys, async move { m.force_unlock(&k).await }).await
+        let (m, k, world) = (self.memory(), keys.clone(), Arc::clone(&self.world));
+        self.call(format!("force_unlock {}", keys.name), keys, async move {
+            world.applying_force_unlock(&k.record);
+            m.force_unlock(&k).await
+        })
+        .await
     }
 
     /// The memory store's scan, through the fault layer as one call (it has no lock of its own: named after none).
