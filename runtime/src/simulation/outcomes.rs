@@ -309,6 +309,20 @@ impl Sim {
         world.check("body");
     }
 
+    /// A request for `keys` that waited at most `wait` ended (`what`), having started at `started`: as
+    /// [`Sim::check_wait`], with a round trip more per key for several keys (the one-step attempt at all of
+    /// them, then each key's own attempt: without a wait every key gets one).
+    pub fn check_wait_keys(&self, client: usize, started: Instant, wait: Duration, keys: &[String], what: &str) {
+        let mut distinct: Vec<&String> = keys.iter().collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let extra = match distinct.len() {
+            1 => Duration::ZERO,
+            n => n as u32 * 2 * self.0.config.normal_delay,
+        };
+        self.check_wait(client, started, wait + extra, &format!("{what} ({} keys: wait + {extra:?})", distinct.len()));
+    }
+
     /// `guard`'s release is about to start: what to check its outcome against ([`Sim::released`]).
     pub fn releasing(&self, guard: &LockGuard) -> Releasing {
         let all_nested = guard.is_nested();

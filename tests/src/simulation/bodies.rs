@@ -158,7 +158,7 @@ impl User {
                 let started = Instant::now();
                 let (tokens, acquiring) = sim.track(request.wait(wait).acquire());
                 let outcome = acquiring.await;
-                sim.check_wait(c, started, wait, &name);
+                sim.check_wait_keys(c, started, wait, &keys, &name);
                 match outcome {
                     Ok(guard) => {
                         sim.watch_guard(c, &guard, &name, opts.max_hold, opts.ttl);

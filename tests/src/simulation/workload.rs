@@ -291,7 +291,7 @@ impl User {
             sim.trace(|| format!("c{c} {name}: acquire of {keys:?} cancelled"));
             return self.left(&keys, tokens.get(), Some(opts.ttl));
         };
-        sim.check_wait(c, started, opts.wait, name);
+        sim.check_wait_keys(c, started, opts.wait, &keys, name);
         let guard = match outcome {
             Ok(Some(guard)) => guard,
             other => {
