@@ -126,8 +126,8 @@ impl World {
         let all = state.truth.releases.get(token).map_or(&[][..], Vec::as_slice);
         let mut within = all.iter().filter(|a| a.at >= from && a.at <= to).peekable();
         match outcome {
-            // The release that freed the grant may be an earlier send of this one (its reply lost), so any.
-            ReleaseOutcome::Released => all.iter().any(|a| a.at <= to && a.found == Found::Ours),
+            // The release that freed the grant may be an earlier send of this one (its reply lost): also in it.
+            ReleaseOutcome::Released => within.any(|a| a.found == Found::Ours),
             ReleaseOutcome::TakenByOther => within.any(|a| a.found == Found::Other),
             ReleaseOutcome::Unconfirmed => within.any(|a| a.resent),
             ReleaseOutcome::Nested => false,
