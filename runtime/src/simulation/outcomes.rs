@@ -40,7 +40,9 @@ enum Found {
 /// One release the store applied.
 #[derive(Debug, Clone, Copy)]
 struct Applied {
+    /// When the store applied it.
     at: Instant,
+    /// What it found for its token, just before it changed anything.
     found: Found,
     /// The model's client path sent it again after an ambiguous failure (the Redis backend's resend after a
     /// reconnect); the reply the client got may be this one's.
@@ -50,9 +52,11 @@ struct Applied {
 /// A guard under `max_hold`: it must read lost once its renewals have stopped and its longest lease ran out.
 #[derive(Debug)]
 struct Capped {
+    /// The grants the guard took itself (not those it shares with the body around it).
     grants: Vec<Weak<Grant>>,
     /// When the workload got the guard: no earlier than the grant, so the cap counts from no later.
     from: Instant,
+    /// The request's `max_hold`.
     max_hold: Duration,
     /// The longest lease it may have set: its ttl, or an extend's.
     longest: Duration,
@@ -67,6 +71,7 @@ pub(super) struct Truth {
     releases: BTreeMap<String, Vec<Applied>>,
     /// Tokens whose record an applied `force_unlock` deleted.
     forced: BTreeSet<String>,
+    /// Guards under `max_hold`, watched until the end of the schedule.
     capped: Vec<Capped>,
     /// Clients whose shutdown started, each with the end of its grace, when its locks are lost by design.
     shutting_down: BTreeMap<usize, Instant>,
@@ -77,6 +82,7 @@ pub(super) struct Truth {
 pub struct Releasing {
     /// Per key: record, token, and whether the key was held by the running lock body (nested: not released).
     parts: Vec<(String, String, bool)>,
+    /// When the release began: releases the store applied from then on are this one's (or a concurrent one's).
     started: Instant,
 }
 

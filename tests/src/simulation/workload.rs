@@ -132,8 +132,11 @@ async fn shutdown(sim: Sim, client: Client, c: usize) {
 /// A request's settings, as the oracle needs them.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Opts {
+    /// The lease asked for.
     pub(super) ttl: Duration,
+    /// How long the request may wait.
     pub(super) wait: Duration,
+    /// What its `run` body does when the lock is lost.
     pub(super) on_lost: OnLost,
     /// Only where the request takes a grant of its own (a reentrant one shares the outer grant).
     pub(super) max_hold: Option<Duration>,
@@ -142,9 +145,13 @@ pub(super) struct Opts {
 /// One user task of client `c`, on keys `k0`..`k{keys-1}`.
 #[derive(Debug, Clone)]
 pub(super) struct User {
+    /// The schedule's world.
     pub(super) sim: Sim,
+    /// Its client (process).
     pub(super) client: Client,
+    /// The client's index, for messages and the oracle.
     pub(super) c: usize,
+    /// How many keys the schedule has.
     pub(super) keys: u64,
 }
 
