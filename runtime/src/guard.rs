@@ -414,7 +414,7 @@ impl Drop for LockGuard {
             }
         }
         if let (Some(runtime), false) = (&self.runtime, grants.is_empty()) {
-            crate::hooks::spawn_on(&runtime, async move {
+            crate::hooks::spawn_on(runtime, async move {
                 let outcomes = futures_util::future::join_all(grants.iter().map(|grant| grant.release())).await;
                 for (grant, outcome) in grants.iter().zip(outcomes) {
                     if let Err(e) = outcome {

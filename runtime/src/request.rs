@@ -514,8 +514,12 @@ async fn watched<F: Future + ?Sized>(
 ) -> Option<(F::Output, bool)> {
     let output = match on_lost {
         OnLost::Abort => {
+            // The loss first: a body whose task was not run for a while (a process pause, a starved
+            // executor) past its deadline is dropped before it runs another step without its lock (found by
+            // the simulation once a stall stopped the client's own tasks: memory seed 10).
             tokio::select! {
                 biased;
+                () = guard.lost() => return None,
                 output = &mut body => {
                     // A body that kept its thread past the deadline finished without the lock: its work may
                     // have overlapped another holder's, and the caller must know.
@@ -524,7 +528,6 @@ async fn watched<F: Future + ?Sized>(
                     }
                     output
                 }
-                () = guard.lost() => return None,
             }
         }
         OnLost::Continue => body.await,

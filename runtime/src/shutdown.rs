@@ -8,11 +8,11 @@
 //! shutdown can find the ones still held when the grace period ends and release them itself.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 
 use crate::grant::Grant;
 use crate::Client;
@@ -91,7 +91,11 @@ pub(crate) struct Shutdown {
 #[derive(Debug)]
 struct Tracker {
     /// True once shutdown started: new requests fail, waiters stop.
-    started: watch::Sender<bool>,
+    started: AtomicBool,
+    /// Woken when shutdown starts. Not a watch channel: its receivers wait on one of eight slots that tokio
+    /// draws from an unseeded generator, so the requests waiting when shutdown starts were woken in a random
+    /// order, and a simulated schedule with a shutdown did not replay exactly.
+    starting: Notify,
     /// How many [`Activity`]s are alive.
     active: AtomicUsize,
     /// Woken when `active` drops to zero.
@@ -111,7 +115,8 @@ struct Grants {
 impl Default for Shutdown {
     fn default() -> Self {
         let tracker = Tracker {
-            started: watch::Sender::new(false),
+            started: AtomicBool::new(false),
+            starting: Notify::new(),
             active: AtomicUsize::new(0),
             idle: Notify::new(),
             grants: Mutex::default(),
@@ -123,18 +128,23 @@ impl Default for Shutdown {
 impl Shutdown {
     /// Starts the shutdown (again: does nothing). From now on new requests fail and waiters stop.
     pub(crate) fn start(&self) {
-        self.tracker.started.send_replace(true);
+        self.tracker.started.store(true, Ordering::Release);
+        self.tracker.starting.notify_waiters();
     }
 
     pub(crate) fn is_started(&self) -> bool {
-        *self.tracker.started.borrow()
+        self.tracker.started.load(Ordering::Acquire)
     }
 
     /// Resolves once shutdown has started.
     pub(crate) async fn started(&self) {
-        let mut started = self.tracker.started.subscribe();
-        // The sender lives as long as the client this is called through, so this cannot fail.
-        let _ = started.wait_for(|started| *started).await;
+        let starting = self.tracker.starting.notified();
+        tokio::pin!(starting);
+        // Registered before reading, so a start in between is not missed.
+        starting.as_mut().enable();
+        if !self.is_started() {
+            starting.await;
+        }
     }
 
     /// Marks something that shutdown must wait for, until the returned value is dropped.

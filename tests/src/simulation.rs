@@ -1,25 +1,19 @@
-//! The deterministic simulation's workload and runner (issue 19; the simulated store, fault layer and oracle
-//! are `distlock::simulation`, behind the runtime's `simulation` feature).
+//! The deterministic simulation's workload and runner (issues 19 and 32; the simulated store, fault layer and
+//! oracle are `distlock::simulation`, behind the runtime's `simulation` feature).
 //!
-//! One schedule: three simulated clients (processes) with one to three tasks each lock one or two keys,
-//! doing what users do — `acquire` and `try_acquire` with varied ttls, waits and retry strategies, holding
-//! and looking at `is_lost()`, `extend` to longer and shorter leases, `release` or drop, `run` with bodies of
-//! varied length under either `OnLost`, a body that lets its `current_lock()` guard escape, and cancellation
-//! of any of these at a random moment — while a nemesis stalls clients, pauses the store and crashes a
-//! client, and the store's fault layer slows, loses and reorders what it carries as the seed says.
+//! [`run_one`] runs the workload of issue 32 ([`workload`]): the whole public API, from three to five clients
+//! on one to four keys. [`run_classic`] runs issue 19's (module `classic`), unchanged, for the regression seeds
+//! found in it. Both use only the public API and [`Sim`](distlock::simulation::Sim), so they run on any store
+//! model behind it.
+
+mod bodies;
+mod classic;
+mod workload;
 
 use std::ops::Range;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
-use distlock::simulation::{self, Config, Fix, Model, Report, Sim};
-use distlock::{Client, LockGuard, LockRequest, OnLost, RetryStrategy};
-use tokio::task::AbortHandle;
-use tokio::time::{sleep, Instant};
-
-/// The longest lease a workload may set (ttls up to 1 s, extends up to 3 s): a crashed client's locks are
-/// free by then.
-const MAX_LEASE: Duration = Duration::from_secs(3);
+use distlock::simulation::{self, Config, Fix, Model, Report};
+pub use workload::workload;
 
 /// What a run of many schedules found.
 #[derive(Debug, Default)]
@@ -41,12 +35,47 @@ pub fn run_one_on(model: Model, seed: u64, reverted: Option<Fix>, trace: bool) -
     let mut config = Config::new(seed);
     // Redlock's schedules alternate between groups of 3 and 5 servers.
     config.model = match model {
-        Model::Redlock(_) => Model::Redlock(if seed % 2 == 0 { 3 } else { 5 }),
+        Model::Redlock(_) => Model::Redlock(if seed.is_multiple_of(2) { 3 } else { 5 }),
         other => other,
     };
     config.reverted = reverted;
     config.trace = trace;
-    simulation::run(config, workload)
+    if model == Model::Memory || full_workload() {
+        config.clients = clients(seed);
+        return simulation::run(config, workload);
+    }
+    // The whole-API workload is not yet clean on the models with simulated redis-servers (issue 32's open
+    // findings, README "Deterministic simulation"): they run issue 19's workload with the servers' faults,
+    // unless `SIM_WORKLOAD=full`.
+    simulation::run(config, classic::workload)
+}
+
+/// `SIM_WORKLOAD=full`: the whole-API workload on every model.
+fn full_workload() -> bool {
+    std::env::var("SIM_WORKLOAD").is_ok_and(|w| w == "full")
+}
+
+/// Runs schedule `seed` of issue 19's workload, as [`run_one`] ran it when its regression seeds were found.
+pub fn run_classic(seed: u64, reverted: Option<Fix>, trace: bool) -> Report {
+    let mut config = Config::new(seed);
+    config.reverted = reverted;
+    config.trace = trace;
+    simulation::run(config, classic::workload)
+}
+
+/// How many clients schedule `seed` has: three, or in a fifth of the schedules four or five. Drawn from the
+/// seed by a mix of its own, not from the schedule's generator, which the world is built before.
+fn clients(seed: u64) -> usize {
+    // splitmix64's finalizer: neighbouring seeds get unrelated draws.
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    if z.is_multiple_of(5) {
+        4 + (z / 5 % 2) as usize
+    } else {
+        3
+    }
 }
 
 /// Runs the schedules of `seeds` on `threads` threads; with `stop_early`, each thread stops at its first
@@ -90,222 +119,4 @@ pub fn run_many_on(model: Model, seeds: Range<u64>, reverted: Option<Fix>, threa
     }
     total.failing.sort_by_key(|(seed, _)| *seed);
     total
-}
-
-/// One schedule's workload: the clients' tasks and the nemesis; every task must end, none may panic.
-pub async fn workload(sim: Sim) {
-    let clients = sim.config().clients;
-    let keys = if sim.chance(0.7) { 1 } else { 2 };
-    let aborts: Arc<Mutex<Vec<Vec<AbortHandle>>>> = Arc::new(Mutex::new(vec![Vec::new(); clients]));
-    let mut tasks = Vec::new();
-    for c in 0..clients {
-        let client = sim.client(c);
-        for t in 0..1 + sim.below(3) {
-            let task = sim.spawn(c, user(sim.clone(), client.clone(), c, format!("c{c}t{t}"), keys));
-            aborts.lock().unwrap_or_else(PoisonError::into_inner)[c].push(task.abort_handle());
-            tasks.push(task);
-        }
-    }
-    let nemesis = tokio::spawn(nemesis(sim.clone(), Arc::clone(&aborts)));
-    for task in tasks {
-        match task.await {
-            Ok(()) => {}
-            Err(e) if e.is_cancelled() => {} // its client crashed
-            Err(e) => sim.violation(format!("a task panicked: {e}")),
-        }
-    }
-    nemesis.abort();
-}
-
-/// Stalls clients, pauses the store, and now and then crashes a client.
-async fn nemesis(sim: Sim, aborts: Arc<Mutex<Vec<Vec<AbortHandle>>>>) {
-    let clients = sim.config().clients as u64;
-    for _ in 0..sim.below(7) {
-        sleep(sim.millis(0, 800)).await;
-        let c = sim.below(clients) as usize;
-        let servers = sim.model().servers() as u64;
-        if servers > 0 && sim.chance(0.4) {
-            server_fault(&sim, servers);
-            continue;
-        }
-        match sim.below(20) {
-            0..=11 => sim.stall(c, sim.millis(20, 700)),
-            12..=18 => sim.pause_store(sim.millis(20, 600)),
-            _ => {
-                sim.crash(c, MAX_LEASE);
-                aborts.lock().unwrap_or_else(PoisonError::into_inner)[c].iter().for_each(AbortHandle::abort);
-            }
-        }
-    }
-}
-
-/// A fault of one simulated server: a restart without persistence, a pause, a clock step (within a lease's
-/// drift allowance, beyond it, or back), or, with replicas, a failover.
-fn server_fault(sim: &Sim, servers: u64) {
-    let server = sim.below(servers) as usize;
-    match sim.below(10) {
-        0 | 1 if sim.model() == Model::RedisReplicas => sim.fail_over(),
-        0 | 1 => sim.restart_server(server),
-        2..=4 => sim.pause_server(server, sim.millis(20, 600)),
-        // Within the smallest drift allowance (2 ms): every promise still holds.
-        5 | 6 => sim.step_clock(server, sim.below(2_001) as i64),
-        7 => sim.step_clock(server, 1_000 * sim.millis(5, 2_000).as_millis() as i64),
-        _ => sim.step_clock(server, -1_000 * sim.millis(1, 2_000).as_millis() as i64),
-    }
-}
-
-/// One user task: a few lock operations with pauses in between.
-async fn user(sim: Sim, client: Client, c: usize, name: String, keys: u64) {
-    for i in 0..2 + sim.below(4) {
-        sleep(sim.millis(0, 100)).await;
-        let key = format!("k{}", sim.below(keys));
-        let name = format!("{name}.{i}");
-        match sim.below(10) {
-            0..=4 => hold(&sim, &client, c, &key, &name, false).await,
-            5 => hold(&sim, &client, c, &key, &name, true).await,
-            6..=8 => run(&sim, &client, c, &key, &name).await,
-            _ => escape(&sim, &client, c, &key, &name).await,
-        }
-    }
-}
-
-/// A request with a random ttl, wait and retry strategy; its ttl and wait.
-fn request(sim: &Sim, client: &Client, key: &str, try_only: bool) -> (LockRequest, Duration, Duration) {
-    let ttl = sim.millis(100, 1000);
-    let wait = match sim.below(4) {
-        _ if try_only => Duration::ZERO,
-        0 => Duration::ZERO,
-        1 => sim.millis(10, 300),
-        _ => sim.millis(300, 3000),
-    };
-    let retry = match sim.below(3) {
-        0 => RetryStrategy::default(),
-        1 => RetryStrategy::Linear { step: sim.millis(5, 100) },
-        _ => RetryStrategy::Exponential { base: sim.millis(5, 50), max: sim.millis(100, 1000) },
-    };
-    (client.lock(key).ttl(ttl).wait(wait).retry(retry), ttl, wait)
-}
-
-/// Runs `op`, cancelled at a random moment in a fifth of the cases; `None` when cancelled.
-async fn maybe_cancelled<F: std::future::Future>(sim: &Sim, within: Duration, op: F) -> Option<F::Output> {
-    if !sim.chance(0.2) {
-        return Some(op.await);
-    }
-    let at = sim.millis(0, within.as_millis() as u64);
-    tokio::select! {
-        biased;
-        out = op => Some(out),
-        () = sleep(at) => None,
-    }
-}
-
-/// `acquire` (or `try_acquire`), then hold the lock for a while looking at it and extending it, then release
-/// or drop it.
-async fn hold(sim: &Sim, client: &Client, c: usize, key: &str, name: &str, try_only: bool) {
-    let (request, ttl, wait) = request(sim, client, key, try_only);
-    let started = Instant::now();
-    let (tokens, acquiring) = sim.track(async move {
-        if try_only {
-            request.try_acquire().await
-        } else {
-            request.acquire().await.map(Some)
-        }
-    });
-    let Some(outcome) = maybe_cancelled(sim, wait + Duration::from_millis(100), acquiring).await else {
-        sim.trace(|| format!("c{c} {name}: acquire cancelled"));
-        return sim.gone(c, key, tokens.get());
-    };
-    sim.check_wait(c, started, wait, name);
-    let guard = match outcome {
-        Ok(Some(guard)) => guard,
-        other => {
-            sim.trace(|| format!("c{c} {name}: acquire ended with {other:?}"));
-            return sim.gone(c, key, tokens.get());
-        }
-    };
-    sim.watch(c, &guard, name);
-    let until = Instant::now() + sim.millis(0, 2 * ttl.as_millis() as u64);
-    while Instant::now() < until {
-        sleep(sim.millis(1, 50)).await;
-        if !sim.observe(c, &guard, name) {
-            break;
-        }
-        if sim.chance(0.15) {
-            extend(sim, c, &guard, ttl, name).await;
-        }
-    }
-    match sim.below(3) {
-        0 => drop(guard),
-        1 => {
-            let outcome = guard.release().await;
-            sim.trace(|| format!("c{c} {name}: released: {outcome:?}"));
-        }
-        _ => {
-            let outcome = maybe_cancelled(sim, Duration::from_millis(5), guard.release()).await;
-            sim.trace(|| format!("c{c} {name}: release (maybe cancelled): {outcome:?}"));
-        }
-    }
-    sim.gone(c, key, tokens.get());
-}
-
-/// `extend` to a longer or a shorter lease, maybe cancelled.
-async fn extend(sim: &Sim, c: usize, guard: &LockGuard, ttl: Duration, name: &str) {
-    let to = if sim.chance(0.5) {
-        sim.millis(ttl.as_millis() as u64, 3000)
-    } else {
-        sim.millis(100, ttl.as_millis() as u64)
-    };
-    sim.trace(|| format!("c{c} {name}: extend to {to:?}"));
-    let outcome = maybe_cancelled(sim, Duration::from_millis(20), guard.extend(to)).await;
-    sim.trace(|| format!("c{c} {name}: extend to {to:?}: {outcome:?}"));
-}
-
-/// `run` with a body of random length that looks at its lock and sometimes extends it.
-async fn run(sim: &Sim, client: &Client, c: usize, key: &str, name: &str) {
-    let (request, ttl, wait) = request(sim, client, key, false);
-    let on_lost = if sim.chance(0.5) { OnLost::Abort } else { OnLost::Continue };
-    let body = body(sim.clone(), c, name.to_owned(), ttl, false);
-    let (tokens, running) = sim.track(request.on_lost(on_lost).run(body));
-    let within = wait + 2 * ttl + Duration::from_millis(100);
-    let outcome = maybe_cancelled(sim, within, running).await;
-    sim.trace(|| format!("c{c} {name}: run ended with {:?}", outcome.as_ref().map(|o| o.as_ref().map(|_| ()))));
-    sim.gone(c, key, tokens.get());
-}
-
-/// `run` with a body that returns its `current_lock()` guard, which the task then keeps looking at.
-async fn escape(sim: &Sim, client: &Client, c: usize, key: &str, name: &str) {
-    let (request, ttl, _) = request(sim, client, key, false);
-    let body = body(sim.clone(), c, name.to_owned(), ttl, true);
-    let (tokens, running) = sim.track(request.run(body));
-    let outcome = running.await;
-    sim.gone(c, key, tokens.get());
-    if let Ok(Some(escaped)) = outcome {
-        let name = format!("{name} (escaped)");
-        sim.watch(c, &escaped, &name);
-        for _ in 0..sim.below(5) {
-            sleep(sim.millis(1, 100)).await;
-            sim.observe(c, &escaped, &name);
-        }
-    }
-}
-
-/// A lock body: looks at its lock every few milliseconds for a random time (up to two ttls), sometimes
-/// extends it; with `escape`, returns its guard.
-async fn body(sim: Sim, c: usize, name: String, ttl: Duration, escape: bool) -> Option<LockGuard> {
-    let Some(lock) = distlock::current_lock() else {
-        sim.violation(format!("c{c} {name}: a lock body ran without current_lock()"));
-        return None;
-    };
-    sim.watch(c, &lock, &name);
-    let until = Instant::now() + sim.millis(0, 2 * ttl.as_millis() as u64);
-    while Instant::now() < until {
-        sleep(sim.millis(1, 50)).await;
-        if !sim.observe(c, &lock, &name) {
-            break;
-        }
-        if sim.chance(0.05) {
-            extend(&sim, c, &lock, ttl, &name).await;
-        }
-    }
-    escape.then_some(lock)
 }

@@ -14,10 +14,10 @@ use std::time::Duration;
 pub(crate) use self::listing::{glob_matches, name_of_record, record_pattern, Place, ScanState};
 pub(crate) use self::memory::MemoryBackend;
 #[cfg(feature = "simulation")]
+pub(crate) use self::redis::script_name;
+#[cfg(feature = "simulation")]
 pub(crate) use self::redis::script_sources;
 pub(crate) use self::redis::{ConnectSettings, RedisBackend, ReplicaAcks, Timeouts};
-#[cfg(feature = "simulation")]
-pub(crate) use self::redis::script_name;
 pub(crate) use self::redlock::RedlockBackend;
 pub(crate) use self::store::{Capabilities, Fencing, Store, WakeUps};
 use crate::observe::timed;

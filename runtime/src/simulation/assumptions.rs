@@ -41,7 +41,7 @@ impl World {
 
     /// Whether the oracle holds `grant` to the rules on the single-primary models: not when its server lost
     /// its state since the lease was sent, or stepped its clock past the lease's allowance.
-    pub(super) fn excused(&self, grant: &Grant) -> bool {
+    pub(super) fn beyond_assumptions(&self, grant: &Grant) -> bool {
         let lease_since = grant.lease().since;
         match self.config.model {
             Model::Memory => false,

@@ -10,6 +10,7 @@
 mod assumptions;
 mod mutation;
 mod oracle;
+mod outcomes;
 pub mod redis;
 mod stall;
 mod store;
@@ -28,9 +29,10 @@ use crate::client::ClientInner;
 use crate::grant::Grant;
 pub use crate::hooks::Fix;
 use crate::{Client, LockGuard};
-pub(crate) use store::SimStore;
 pub use mutation::{lua_mutants, LuaMutant};
+pub use outcomes::Releasing;
 pub(crate) use stall::owned;
+pub(crate) use store::SimStore;
 pub(crate) use wire::{Connection, Push};
 use wire::{Node, Target};
 
@@ -173,6 +175,8 @@ struct State {
     frozen_until: Vec<Option<Instant>>,
     /// Per client: intervals in which a fault may have kept its calls from the store in time.
     disturbed: Vec<Vec<(Instant, Instant)>>,
+    /// Per client: its stalls.
+    stalls: Vec<Vec<(Instant, Instant)>>,
     /// Per client: the calls on their way, by id: when each was made and how long its legs take unhindered.
     in_flight: Vec<std::collections::BTreeMap<u64, (Instant, Duration)>>,
     /// Until when the store applies nothing.
@@ -196,6 +200,8 @@ struct State {
     replied: Vec<u64>,
     /// Per record: the subscribers to its announcements, in the order they subscribed.
     hubs: std::collections::BTreeMap<String, Vec<tokio::sync::mpsc::UnboundedSender<crate::backend::Announcement>>>,
+    /// What the rules of `outcomes.rs` remember: applied releases, forced unlocks, `max_hold` caps, shutdowns.
+    truth: outcomes::Truth,
 }
 
 thread_local! {
@@ -279,6 +285,7 @@ impl World {
             violations: Vec::new(),
             frozen_until: vec![Some(now); clients],
             disturbed: vec![Vec::new(); clients],
+            stalls: vec![Vec::new(); clients],
             in_flight: vec![Default::default(); clients],
             paused_until: now,
             probes: Vec::new(),
@@ -291,6 +298,7 @@ impl World {
             applied: vec![0; clients],
             replied: vec![0; clients],
             hubs: Default::default(),
+            truth: Default::default(),
         };
         // One store for every simulated client; the owner it records is not what the simulation checks.
         let memory = MemoryBackend::new("simulation".into());
@@ -335,6 +343,16 @@ impl World {
     pub(super) fn peek(&self, record: &str) -> Option<(Option<String>, u64, Instant)> {
         match self.config.model {
             Model::Memory => self.memory.peek(record),
+            // Redlock: the token a majority holds, until the quorum's earliest expiry among the latest ones.
+            Model::Redlock(n) => {
+                let seen = self.peek_each(record);
+                let holders = |t: &String| seen.iter().flatten().filter(|(h, ..)| h.as_ref() == Some(t)).count();
+                let token = seen.iter().flatten().filter_map(|(t, ..)| t.clone()).find(|t| holders(t) > n / 2)?;
+                let mut until: Vec<Instant> =
+                    seen.iter().flatten().filter(|(h, ..)| h.as_ref() == Some(&token)).map(|(_, _, e)| *e).collect();
+                until.sort_unstable_by(|a, b| b.cmp(a));
+                Some((Some(token), 0, until[n / 2]))
+            }
             _ => {
                 let nodes = self.nodes();
                 let node = self.resolve(&nodes, Target::Primary);
@@ -395,6 +413,11 @@ impl World {
         let slack = Duration::from_millis(1);
         state.disturbed[client].iter().any(|&(a, b)| a <= to && b >= from)
             || state.in_flight[client].values().any(|&(made, legs)| made + legs + slack < to)
+    }
+
+    /// Whether client `client` was stalled (its own tasks stopped) at some moment between `from` and `to`.
+    pub(super) fn stalled_between(&self, client: usize, from: Instant, to: Instant) -> bool {
+        self.state().stalls[client].iter().any(|&(a, b)| a <= to && b >= from)
     }
 
     fn disturb(&self, client: Option<usize>, from: Instant, to: Instant) {
@@ -498,6 +521,7 @@ impl Sim {
             *frozen = (*frozen).max(until);
         }
         state.disturbed[client].push((now, until));
+        state.stalls[client].push((now, until));
         drop(state);
         self.0.trace(|| format!("c{client} STALLED for {how_long:?}"));
     }
@@ -565,6 +589,8 @@ impl Sim {
         let mut state = self.0.state();
         state.faults += 1;
         state.frozen_until[client] = None;
+        let now = Instant::now();
+        state.stalls[client].push((now, now + Duration::from_secs(86_400)));
         drop(state);
         self.0.trace(|| format!("c{client} CRASHED"));
         let world = Arc::clone(&self.0);

@@ -30,7 +30,8 @@ impl LuaMutant {
 /// Every Lua mutant of the production scripts: each comparison of each distinct script line (a line shared by
 /// several scripts, from a file they include, is one mutant of that file).
 pub fn lua_mutants() -> Vec<LuaMutant> {
-    let mut lines: Vec<&str> = crate::backend::script_sources().into_iter().flat_map(|(_, source)| source.lines()).collect();
+    let mut lines: Vec<&str> =
+        crate::backend::script_sources().into_iter().flat_map(|(_, source)| source.lines()).collect();
     lines.sort_unstable();
     lines.dedup();
     let mut mutants = Vec::new();

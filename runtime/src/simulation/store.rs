@@ -316,15 +316,43 @@ impl Store for SimStore {
         self.call(what, keys, async move { m.acquire(&k, &t, ttl, &meta, queueing).await }).await
     }
 
+    /// The memory store's one-step grant of several free keys (`lock_all`), as one call named after the first
+    /// key; every key's fencing token is checked, as after any command on it.
+    async fn acquire_free(
+        &self,
+        locks: &[(&LockKeys, &LockToken)],
+        ttl: Duration,
+        metadata: &str,
+    ) -> Result<Option<Vec<Hold>>, LockError> {
+        let Some((first, _)) = locks.first() else { return Ok(None) };
+        locks.iter().for_each(|(_, token)| self.note(token));
+        let owned: Vec<(LockKeys, LockToken)> = locks.iter().map(|(k, t)| ((*k).clone(), (*t).clone())).collect();
+        let names: Vec<&str> = locks.iter().map(|(k, _)| k.name.as_str()).collect();
+        let what = format!("acquire_free {names:?} ttl {ttl:?}");
+        let (m, world, meta) = (self.memory(), Arc::clone(&self.world), metadata.to_owned());
+        self.call(what, first, async move {
+            let locks: Vec<(&LockKeys, &LockToken)> = owned.iter().map(|(k, t)| (k, t)).collect();
+            let out = m.acquire_free(&locks, ttl, &meta).await;
+            // The first key's is checked by `carry`, as for every call.
+            owned.iter().skip(1).for_each(|(keys, _)| world.check_fence(&keys.record));
+            out
+        })
+        .await
+    }
+
     async fn withdraw(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Hold>, LockError> {
         let (m, k, t) = (self.memory(), keys.clone(), token.clone());
         self.call(format!("withdraw {} by {token}", keys.name), keys, async move { m.withdraw(&k, &t).await }).await
     }
 
     async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
-        let (m, k, t) = (self.memory(), keys.clone(), token.clone());
+        let (m, k, t, world) = (self.memory(), keys.clone(), token.clone(), Arc::clone(&self.world));
         let what = format!("renew {} by {token} ttl {ttl:?}", keys.name);
-        self.call(what, keys, async move { m.renew(&k, &t, ttl).await }).await
+        self.call(what, keys, async move {
+            world.applying_renew(&k.record, t.as_str());
+            m.renew(&k, &t, ttl).await
+        })
+        .await
     }
 
     async fn release(
@@ -333,9 +361,14 @@ impl Store for SimStore {
         token: &LockToken,
         keep: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
-        let (m, k, t) = (self.memory(), keys.clone(), token.clone());
+        let (m, k, t, world) = (self.memory(), keys.clone(), token.clone(), Arc::clone(&self.world));
         let what = format!("release {} by {token}", keys.name);
-        self.call(what, keys, async move { m.release(&k, &t, keep).await }).await
+        // This layer never sends a command again: a lost reply is an error to the engine.
+        self.call(what, keys, async move {
+            world.applying_release(&k.record, t.as_str(), false);
+            m.release(&k, &t, keep).await
+        })
+        .await
     }
 
     async fn remaining(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Duration>, LockError> {
@@ -349,8 +382,12 @@ impl Store for SimStore {
     }
 
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
-        let (m, k) = (self.memory(), keys.clone());
-        self.call(format!("force_unlock {}", keys.name), keys, async move { m.force_unlock(&k).await }).await
+        let (m, k, world) = (self.memory(), keys.clone(), Arc::clone(&self.world));
+        self.call(format!("force_unlock {}", keys.name), keys, async move {
+            world.applying_force_unlock(&k.record);
+            m.force_unlock(&k).await
+        })
+        .await
     }
 
     /// The memory store's scan, through the fault layer as one call (it has no lock of its own: named after none).

@@ -122,12 +122,18 @@ impl World {
     }
 
     /// The record at `record` on `node`: its token, fencing token and when it expires in simulated time.
-    pub(super) fn peek_node(&self, nodes: &[Node], node: usize, record: &str) -> Option<(Option<String>, u64, Instant)> {
+    pub(super) fn peek_node(
+        &self,
+        nodes: &[Node],
+        node: usize,
+        record: &str,
+    ) -> Option<(Option<String>, u64, Instant)> {
         let n = &nodes[node];
         let (value, ttl) = n.redis.peek(self.node_now_us(n), record.as_bytes())?;
         let (token, fence) = parse_record(&value)?;
         // No expiry cannot happen to a record; take it as far away.
-        let expires = Instant::now() + ttl.map_or(Duration::from_secs(3600), |ms| Duration::from_millis(ms.max(0) as u64));
+        let expires =
+            Instant::now() + ttl.map_or(Duration::from_secs(3600), |ms| Duration::from_millis(ms.max(0) as u64));
         Some((token, fence, expires))
     }
 
@@ -195,7 +201,26 @@ impl World {
         if nodes[node].follows.is_some() && writes(&name) {
             return Wire::Reply(error("READONLY You can't write against a read only replica."));
         }
+        let mut reported = reported_to_oracle(&nodes[node].redis, &args);
+        if matches!(self.config.model, super::Model::Redlock(_)) {
+            // Redlock's releases and renewals are rounds over servers: the oracle's release outcomes and S8
+            // are checked on the single-primary models only; a force_unlock deletes on every server.
+            reported.retain(|r| matches!(r, Report::ForceUnlock { .. }));
+        }
         let now_us = self.node_now_us(&nodes[node]);
+        if !reported.is_empty() {
+            // The oracle reads the truth through the nodes: let go of them while it looks.
+            drop(nodes);
+            for report in &reported {
+                match report {
+                    Report::Release { record, token, resent } => self.applying_release(record, token, *resent),
+                    Report::Renew { record, token } => self.applying_renew(record, token),
+                    Report::ForceUnlock { record } => self.applying_force_unlock(record),
+                    Report::Acquire { token } => self.applying_acquire(token),
+                }
+            }
+            nodes = self.nodes();
+        }
         let executed = nodes[node].redis.execute(now_us, &args);
         if !executed.effects.is_empty() {
             let offset = self.replicate(&mut nodes, node, executed.effects);
@@ -244,7 +269,9 @@ impl World {
             return;
         }
         let now = Instant::now();
-        while let Some((at, offset, effects)) = nodes[primary].backlog.get_mut(&replica).and_then(|q| q.front().cloned()) {
+        while let Some((at, offset, effects)) =
+            nodes[primary].backlog.get_mut(&replica).and_then(|q| q.front().cloned())
+        {
             if at > now {
                 break;
             }
@@ -349,7 +376,11 @@ impl World {
         nodes[node].backlog.clear();
         drop(nodes);
         self.trace(|| format!("server {node} RESTARTED (state lost)"));
-        self.disturb(None, now.checked_sub(self.config.response_timeout).unwrap_or(now), now + 2 * self.config.response_timeout);
+        self.disturb(
+            None,
+            now.checked_sub(self.config.response_timeout).unwrap_or(now),
+            now + 2 * self.config.response_timeout,
+        );
         self.disconnect(subscribers);
     }
 
@@ -359,7 +390,8 @@ impl World {
         let now = Instant::now();
         let mut nodes = self.nodes();
         let old = self.resolve(&nodes, Target::Primary);
-        let Some(new) = (0..nodes.len()).filter(|&r| nodes[r].follows == Some(old)).max_by_key(|&r| (nodes[r].offset, r))
+        let Some(new) =
+            (0..nodes.len()).filter(|&r| nodes[r].follows == Some(old)).max_by_key(|&r| (nodes[r].offset, r))
         else {
             return;
         };
@@ -391,7 +423,11 @@ impl World {
         drop(nodes);
         self.trace(|| format!("FAILOVER: server {new} replaces primary {old}"));
         // Calls under way fail: renewals may be lost while the new primary still holds their grants.
-        self.disturb(None, now.checked_sub(self.config.response_timeout).unwrap_or(now), now + 2 * self.config.response_timeout);
+        self.disturb(
+            None,
+            now.checked_sub(self.config.response_timeout).unwrap_or(now),
+            now + 2 * self.config.response_timeout,
+        );
         self.disconnect(subscribers);
     }
 
@@ -411,6 +447,64 @@ impl World {
     }
 }
 
+/// What a script call is about to do that the oracle checks (outcomes.rs): its releases, renewals and
+/// force_unlocks, read from its keys and arguments as the scripts read them.
+enum Report {
+    Release { record: String, token: String, resent: bool },
+    Renew { record: String, token: String },
+    ForceUnlock { record: String },
+    Acquire { token: String },
+}
+
+/// The reports of a call of one of the production scripts that will run (an EVALSHA the server does not know
+/// runs nothing).
+fn reported_to_oracle(redis: &SimRedis, args: &[Vec<u8>]) -> Vec<Report> {
+    let text = |i: usize| args.get(i).map(|a| String::from_utf8_lossy(a).into_owned()).unwrap_or_default();
+    let Some(name) = args.first() else { return Vec::new() };
+    let by_sha = name.eq_ignore_ascii_case(b"EVALSHA");
+    if !(by_sha || name.eq_ignore_ascii_case(b"EVAL")) || args.len() < 3 {
+        return Vec::new();
+    }
+    if by_sha && !redis.knows_script(&args[1]) {
+        return Vec::new();
+    }
+    let Some(script) = crate::backend::script_name(&args[1]) else { return Vec::new() };
+    let keys: usize = text(2).parse().unwrap_or(0);
+    let (key, arg) = (|i: usize| text(2 + i), |i: usize| text(2 + keys + i));
+    match script {
+        "RELEASE" => vec![Report::Release { record: key(1), token: arg(1), resent: arg(3) == "1" }],
+        "RENEW" => vec![Report::Renew { record: key(1), token: arg(1) }],
+        "RENEW_MANY" => (1..=keys).map(|i| Report::Renew { record: key(i), token: arg(2 * i - 1) }).collect(),
+        "FORCE_UNLOCK" => vec![Report::ForceUnlock { record: key(1) }],
+        "ACQUIRE" => vec![Report::Acquire { token: arg(1) }],
+        "ACQUIRE_ALL" => (1..=keys).map(|i| Report::Acquire { token: arg(2 + i) }).collect(),
+        "BATCH" => {
+            // ARGV[1]: one letter per operation; each operation's arguments follow, in order (batch.lua).
+            let mut reports = Vec::new();
+            let mut at = 2;
+            for (i, op) in arg(1).bytes().enumerate() {
+                let (record, token) = (key(i + 1), arg(at));
+                at += match op {
+                    b'a' => 3,
+                    b'b' | b'r' => 1,
+                    b'p' => 4,
+                    b'q' => 6,
+                    b'k' => 2,
+                    b's' => 3,
+                    _ => return reports,
+                };
+                if matches!(op, b'r' | b'k' | b's') {
+                    reports.push(Report::Release { record, token, resent: op == b's' });
+                } else {
+                    reports.push(Report::Acquire { token });
+                }
+            }
+            reports
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// Whether a command writes (a replica refuses it). Scripts may write: a replica refuses them too.
 fn writes(name: &[u8]) -> bool {
     !matches!(name, b"GET" | b"PTTL" | b"EXISTS" | b"SCAN" | b"PING" | b"TIME" | b"GETRANGE" | b"INFO" | b"ECHO")
@@ -424,7 +518,9 @@ fn error(line: &str) -> Value {
 /// An announcement as the trace shows it (the heir's token shortened).
 fn announced(text: &str) -> String {
     match text.split_once(':') {
-        Some((heir, rest)) if heir.len() == crate::token::TOKEN_LEN => format!("handed over to {} ({rest})", short(heir)),
+        Some((heir, rest)) if heir.len() == crate::token::TOKEN_LEN => {
+            format!("handed over to {} ({rest})", short(heir))
+        }
         _ => text.to_owned(),
     }
 }
@@ -459,7 +555,17 @@ static CONNECTIONS: AtomicU64 = AtomicU64::new(1);
 impl Connection {
     pub(super) fn new(world: Arc<World>, client: usize, target: Target, push: Option<Push>) -> Self {
         let id = CONNECTIONS.fetch_add(1, Ordering::Relaxed);
-        Self { world, client, state: Arc::new(ConnectionState { id, target, push, written: AtomicU64::new(0), written_on: AtomicU64::new(0) }) }
+        Self {
+            world,
+            client,
+            state: Arc::new(ConnectionState {
+                id,
+                target,
+                push,
+                written: AtomicU64::new(0),
+                written_on: AtomicU64::new(0),
+            }),
+        }
     }
 
     /// Sends one command and waits for its reply, as redis-rs does: a timeout after the response timeout, a
@@ -510,7 +616,8 @@ impl Connection {
         };
         world.trace(|| format!("c{client} #{id}{to} → {what} (legs {:?}/{:?})", plan.request, plan.reply));
         // The record a script call is about, for the oracle's fencing check.
-        let script = args.first().is_some_and(|a| a.eq_ignore_ascii_case(b"EVAL") || a.eq_ignore_ascii_case(b"EVALSHA"));
+        let script =
+            args.first().is_some_and(|a| a.eq_ignore_ascii_case(b"EVAL") || a.eq_ignore_ascii_case(b"EVALSHA"));
         let record = match args.first().map(|a| a.to_ascii_uppercase()) {
             Some(n) if (n == b"EVAL" || n == b"EVALSHA") && args.get(2).is_some_and(|k| k != b"0") => {
                 args.get(3).map(|r| String::from_utf8_lossy(r).into_owned()).unwrap_or_default()

@@ -248,7 +248,7 @@ impl Resubscribe {
     /// Subscribes again, in the background, to every channel with waiters, or `only` to that one.
     fn start(&self, only: Option<Vec<u8>>) {
         let Some(runtime) = &self.runtime else { return };
-        crate::hooks::spawn_on(&runtime, self.clone().run(only));
+        crate::hooks::spawn_on(runtime, self.clone().run(only));
     }
 
     async fn run(self, only: Option<Vec<u8>>) {

@@ -205,6 +205,11 @@ impl Engine {
         Reply::Array(shas.iter().map(|s| Reply::Int(i64::from(self.scripts.contains(&lower(s))))).collect())
     }
 
+    /// Whether the script cache holds `sha` (any case).
+    pub(super) fn knows(&self, sha: &[u8]) -> bool {
+        self.scripts.contains(&lower(sha))
+    }
+
     /// SCRIPT FLUSH.
     pub(super) fn flush(&mut self) -> Reply {
         self.scripts.clear();

@@ -157,6 +157,11 @@ impl SimRedis {
         }
     }
 
+    /// Whether the script cache holds the script whose SHA1 is `sha` (any case): an EVALSHA of it runs.
+    pub(crate) fn knows_script(&self, sha: &[u8]) -> bool {
+        self.engine.as_ref().is_some_and(|engine| engine.knows(sha))
+    }
+
     /// A restart without persistence: the keyspace and the script cache are gone. The Lua state stays: its
     /// globals are read-only to scripts, so a script leaves nothing in it that a new process would not have.
     pub(crate) fn restart(&mut self) {

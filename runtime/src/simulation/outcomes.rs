@@ -1,0 +1,497 @@
+//! The oracle's rules of issue 32, beside `oracle.rs`'s. Each is checked where the workload learns something,
+//! against the store's truth (read with `self.peek`, as `oracle.rs` reads it):
+//! - every [`ReleaseOutcome`] a release returns is the true one, or says it cannot know (`Unconfirmed`, only
+//!   for a release sent again after an ambiguous failure);
+//! - no lock body runs while its grant is lost (S5): at its start and at every step it checks that the store
+//!   holds its grant, and the grants of the bodies around it that drop it when they lose theirs;
+//! - a guard past its `max_hold` reads lost: `max_hold` ends a lease by design;
+//! - a lock left by a cancelled request, or by a client that shut down, frees within its lease (crashes are
+//!   `oracle.rs`'s), and a shut-down client leaves nothing held unless a fault kept its releases away;
+//! - no renewal or extend reaches the store after a release of the same token (S8);
+//! - `force_unlock` breaks exclusion by design (README): a guard whose record it deleted keeps saying valid
+//!   until its next renewal finds out, so from the moment the store applied it that guard is excused from the
+//!   S1/S6 checks (and from S5's).
+//!
+//! A store model tells the oracle what it applies, at the moment it applies it and before it changes
+//! anything: [`World::applying_release`], [`World::applying_renew`], [`World::applying_force_unlock`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{short, Sim, World, PREFIX};
+use crate::backend::LockKeys;
+use crate::grant::Grant;
+use crate::{LockError, LockGuard, OnLost, ReleaseOutcome};
+
+/// What an applied release found in the store, for its token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Found {
+    /// The record was this token's grant: the release freed it (or left it to `min_hold`, or handed it over).
+    Ours,
+    /// Another token's grant.
+    Other,
+    /// No record, or one kept by nobody (after a `min_hold` release).
+    Nobody,
+}
+
+/// One release the store applied.
+#[derive(Debug, Clone, Copy)]
+struct Applied {
+    /// When the store applied it.
+    at: Instant,
+    /// What it found for its token, just before it changed anything.
+    found: Found,
+    /// The model's client path sent it again after an ambiguous failure (the Redis backend's resend after a
+    /// reconnect); the reply the client got may be this one's.
+    resent: bool,
+}
+
+/// A guard under `max_hold`: it must read lost once its renewals have stopped and its longest lease ran out.
+#[derive(Debug)]
+struct Capped {
+    /// The grants the guard took itself (not those it shares with the body around it).
+    grants: Vec<Weak<Grant>>,
+    /// When the workload got the guard: no earlier than the grant, so the cap counts from no later.
+    from: Instant,
+    /// The request's `max_hold`.
+    max_hold: Duration,
+    /// The longest lease it may have set: its ttl, or an extend's.
+    longest: Duration,
+    /// When its last extend ended: an extend sets a lease whatever the cap.
+    extended: Option<Instant>,
+}
+
+/// What the rules of this file remember.
+#[derive(Debug, Default)]
+pub(super) struct Truth {
+    /// Per token: every release of it the store applied, in order.
+    releases: BTreeMap<String, Vec<Applied>>,
+    /// Tokens whose record an applied `force_unlock` deleted.
+    forced: BTreeSet<String>,
+    /// Per token: when the store last applied an acquire attempt of it (the models that report them).
+    attempted: BTreeMap<String, Instant>,
+    /// Guards under `max_hold`, watched until the end of the schedule.
+    capped: Vec<Capped>,
+    /// Clients whose shutdown started, each with the end of its grace, when its locks are lost by design.
+    shutting_down: BTreeMap<usize, Instant>,
+}
+
+/// A guard's grants as its release began: see [`Sim::releasing`].
+#[derive(Debug)]
+pub struct Releasing {
+    /// Per key: record, token, and whether the key was held by the running lock body (nested: not released).
+    parts: Vec<(String, String, bool)>,
+    /// When the release began: releases the store applied from then on are this one's (or a concurrent one's).
+    started: Instant,
+}
+
+impl World {
+    /// What `token` finds in `record` now.
+    fn found(&self, record: &str, token: &str) -> Found {
+        match self.peek(record) {
+            Some((Some(holder), ..)) if holder == token => Found::Ours,
+            Some((Some(_), ..)) => Found::Other,
+            _ => Found::Nobody,
+        }
+    }
+
+    /// The store is about to apply a release of `record` by `token` (`resent`: sent again by the client path).
+    pub(super) fn applying_release(&self, record: &str, token: &str, resent: bool) {
+        let applied = Applied { at: Instant::now(), found: self.found(record, token), resent };
+        self.state().truth.releases.entry(token.to_owned()).or_default().push(applied);
+    }
+
+    /// The store is about to apply an acquire attempt by `token`: a request that gave back a grant it could not
+    /// use (too late, or not acknowledged by the replicas) keeps its token and place, and may be granted again.
+    pub(super) fn applying_acquire(&self, token: &str) {
+        self.state().truth.attempted.insert(token.to_owned(), Instant::now());
+    }
+
+    /// The store is about to apply a renewal or extend of `record` by `token`: S8, none after its release
+    /// (since the token's last acquire attempt).
+    pub(super) fn applying_renew(&self, record: &str, token: &str) {
+        let state = self.state();
+        let attempted = state.truth.attempted.get(token).copied();
+        let released = state
+            .truth
+            .releases
+            .get(token)
+            .is_some_and(|r| r.iter().any(|applied| attempted.is_none_or(|at| applied.at >= at)));
+        drop(state);
+        if released {
+            self.violation(format!(
+                "a renewal or extend by {} reached {record} after the store applied a release by the same token (S8)",
+                short(token)
+            ));
+        }
+    }
+
+    /// The store is about to apply a `force_unlock` of `record`: the grant it deletes is excused from now on.
+    pub(super) fn applying_force_unlock(&self, record: &str) {
+        if let Some((Some(holder), ..)) = self.peek(record) {
+            self.trace(|| format!("force_unlock deletes {record} of {}: excused from S1/S6/S5", short(&holder)));
+            self.state().truth.forced.insert(holder);
+        }
+    }
+
+    /// Whether the grant of `token` was deleted by a `force_unlock`, which breaks exclusion by design.
+    pub(super) fn excused(&self, token: &str) -> bool {
+        self.state().truth.forced.contains(token)
+    }
+
+    /// Whether `outcome` can be true of the release of `token` on `record` that ran from `from` to `to`.
+    fn could_be(&self, record: &str, token: &str, from: Instant, to: Instant, outcome: ReleaseOutcome) -> bool {
+        let state = self.state();
+        let all = state.truth.releases.get(token).map_or(&[][..], Vec::as_slice);
+        let mut within = all.iter().filter(|a| a.at >= from && a.at <= to).peekable();
+        match outcome {
+            // The release that freed the grant may be an earlier send of this one (its reply lost): also in it.
+            ReleaseOutcome::Released => within.any(|a| a.found == Found::Ours),
+            ReleaseOutcome::TakenByOther => within.any(|a| a.found == Found::Other),
+            ReleaseOutcome::Unconfirmed => within.any(|a| a.resent),
+            ReleaseOutcome::Nested => false,
+            ReleaseOutcome::Expired if within.peek().is_some() => within.any(|a| a.found != Found::Ours),
+            // Nothing sent (the store said the grant was gone): it must be.
+            ReleaseOutcome::Expired => {
+                drop(state);
+                self.found(record, token) != Found::Ours
+            }
+        }
+    }
+
+    /// What the store applied of `token`'s releases from `from` on, for a message.
+    fn releases_of(&self, token: &str, from: Instant) -> String {
+        let state = self.state();
+        let all = state.truth.releases.get(token).map_or(&[][..], Vec::as_slice);
+        let shown: Vec<String> = all
+            .iter()
+            .map(|a| {
+                let at = a.at.saturating_duration_since(self.start).as_secs_f64() * 1000.0;
+                let before = if a.at < from { " (before this release)" } else { "" };
+                format!("{:?}{} at {at:.3} ms{before}", a.found, if a.resent { " resent" } else { "" })
+            })
+            .collect();
+        if shown.is_empty() {
+            "none applied".to_owned()
+        } else {
+            shown.join(", ")
+        }
+    }
+
+    /// Runs `check` once `bound` has passed since now with no pause of the store and no stall of `client`
+    /// ending later (a command sent before may be applied when they end); not at all if `client` crashes,
+    /// whose own check covers its locks.
+    fn after_quiet(self: &Arc<Self>, client: usize, bound: Duration, check: impl FnOnce(&World) + Send + 'static) {
+        let world = Arc::clone(self);
+        tokio::spawn(async move {
+            let since = Instant::now();
+            let mut until = since + bound;
+            loop {
+                tokio::time::sleep_until(until).await;
+                let (paused, frozen) = {
+                    let state = world.state();
+                    (state.paused_until, state.frozen_until[client])
+                };
+                let Some(frozen) = frozen else { return };
+                let later = paused.max(frozen);
+                if later <= since || later + bound <= until {
+                    break;
+                }
+                until = later + bound;
+            }
+            check(&world);
+        });
+    }
+
+    /// How long a lock whose longest lease is `max_lease` may outlive its holder: as for a crash, a queue
+    /// place handed over to it, and the store's delays.
+    fn lease_bound(&self, max_lease: Duration) -> Duration {
+        2 * max_lease + 2 * self.config.slow_delay + Duration::from_millis(300)
+    }
+}
+
+impl Sim {
+    /// Watches every key of `guard` at every step from now on, as [`Sim::watch`] watches one (a grant
+    /// watched already, through another guard of it, is not added twice: two guards sharing a grant are one
+    /// holder). With `max_hold`, [`Sim::look`] also checks that it reads lost once that is over.
+    pub fn watch_guard(&self, client: usize, guard: &LockGuard, name: &str, max_hold: Option<Duration>, ttl: Duration) {
+        let world = &self.0;
+        world.trace(|| {
+            format!("c{client} {name}: holds {:?} fences {:?}", guard.keys().collect::<Vec<_>>(), fences(guard))
+        });
+        let grants = guard.grants();
+        // The cap is on the keys this guard took itself, not on those it shares with the body around it.
+        let owned: Vec<Weak<Grant>> =
+            grants.iter().filter(|grant| !guard.is_nested() && !held(grant)).map(Arc::downgrade).collect();
+        let mut state = world.state();
+        for grant in &grants {
+            if !state.probes.iter().any(|(probe, ..)| probe.as_ptr() == Arc::as_ptr(grant)) {
+                state.probes.push((Arc::downgrade(grant), client, name.to_owned()));
+            }
+        }
+        if let (Some(max_hold), false) = (max_hold, owned.is_empty()) {
+            let capped = Capped { grants: owned, from: Instant::now(), max_hold, longest: ttl, extended: None };
+            state.truth.capped.push(capped);
+        }
+        drop(state);
+        world.check("watch");
+    }
+
+    /// An extend of `guard` to `ttl` ended (done, failed or cancelled): for `max_hold`, the lease it may
+    /// have set.
+    pub fn extended(&self, guard: &LockGuard, ttl: Duration) {
+        let grants = guard.grants();
+        let now = Instant::now();
+        let mut state = self.0.state();
+        for capped in state.truth.capped.iter_mut().filter(|c| shares(&c.grants, &grants)) {
+            capped.longest = capped.longest.max(ttl);
+            capped.extended = Some(now);
+        }
+    }
+
+    /// The workload looked at `guard` (`is_lost()`), as a holder does before acting under the lock; every key
+    /// is checked, as [`Sim::observe`] checks one, and a guard past its `max_hold` must read lost.
+    pub fn look(&self, client: usize, guard: &LockGuard, name: &str) -> bool {
+        let world = &self.0;
+        let lost = guard.is_lost();
+        world.trace(|| format!("c{client} {name}: observed {}", if lost { "lost" } else { "valid" }));
+        let now = Instant::now();
+        let grace_end = world.state().truth.shutting_down.get(&client).copied();
+        let shutting_down = grace_end.is_some();
+        for grant in guard.grants() {
+            if !grant.is_lost() {
+                world.check_grant(&grant, client, name);
+            } else if !shutting_down && grant.max_hold_until.is_none_or(|cap| cap > now) {
+                // Lost by design past max_hold (renewals stopped) and at the end of a shutdown's grace.
+                world.check_needless_loss(&grant, client, name);
+            }
+        }
+        // Once a shutdown's grace is over, every lock of the client is lost (the same tick may see it first).
+        // A client stalled since the grace began ran none of its shutdown: its guards learn of it when it runs.
+        let stalled =
+            |end: Instant| world.stalled_between(client, end.checked_sub(Duration::from_secs(60)).unwrap_or(end), now);
+        if let Some(end) = grace_end.filter(|&end| !lost && now > end + Duration::from_millis(1) && !stalled(end)) {
+            let over = now - end;
+            world.violation(format!(
+                "c{client} {name}: guard reads valid {over:?} after its client's shutdown grace ended"
+            ));
+        }
+        // Each capped grant of this guard's (its own, or one it shares with the body around it).
+        let grants = guard.grants();
+        let state = world.state();
+        let over: Vec<(String, Duration)> = state
+            .truth
+            .capped
+            .iter()
+            .filter(|c| shares(&c.grants, &grants))
+            .flat_map(|c| {
+                let bound = (c.from + c.max_hold).max(c.extended.unwrap_or(c.from)) + c.longest;
+                c.grants.iter().filter_map(Weak::upgrade).filter_map(move |grant| {
+                    (now >= bound && !grant.is_lost()).then(|| (grant.keys.name.clone(), now - bound))
+                })
+            })
+            .collect();
+        drop(state);
+        for (key, over) in over {
+            world.violation(format!(
+                "c{client} {name}: grant of {key} reads valid {over:?} after its max_hold and longest lease were over"
+            ));
+        }
+        world.check("observation");
+        !lost
+    }
+
+    /// A lock body runs (a step, or its start): S5, the store holds its grant. `chain` is each body around this
+    /// one and this one, innermost last: its `current_lock()` guard, the keys its request named (a reentrant
+    /// request's body sees the grants of the body around it, and is watched for the loss of its own keys only)
+    /// and its `on_lost`. A body is dropped when a grant it runs under `Abort` is lost, so every such grant
+    /// must be held at every step; under `Continue` a body runs on after a loss by design, and only its start
+    /// needs its own grants (the body never starts without them).
+    pub fn in_body(&self, client: usize, chain: &[(&LockGuard, &[String], OnLost)], name: &str, starting: bool) {
+        let world = &self.0;
+        for (level, (guard, keys, on_lost)) in chain.iter().enumerate() {
+            let innermost = level + 1 == chain.len();
+            if *on_lost != OnLost::Abort && !(starting && innermost) {
+                continue;
+            }
+            for grant in guard.grants().into_iter().filter(|grant| keys.contains(&grant.keys.name)) {
+                let token = grant.token.as_str();
+                // A restart or a clock jump past the README's assumptions voids the grant on the server.
+                let held = match world.config.model {
+                    // Redlock: held as check_grant counts it (a quorum, restarted servers vouching by their marks).
+                    super::Model::Redlock(_) => {
+                        let (holding, quorum) = world.redlock_holders(&grant);
+                        holding >= quorum
+                    }
+                    _ => world.found(&grant.keys.record, token) == Found::Ours,
+                };
+                if world.excused(token) || world.beyond_assumptions(&grant) || held {
+                    continue;
+                }
+                let (what, lost) = (if starting { "starts" } else { "runs a step" }, grant.is_lost());
+                world.violation(format!(
+                    "c{client} {name}: a lock body (level {level}, {on_lost:?}) {what} while the store does not hold its grant of {} (fence {}; the guard reads {})",
+                    grant.keys.name,
+                    grant.fence,
+                    if lost { "lost" } else { "valid" }
+                ));
+            }
+        }
+        world.check("body");
+    }
+
+    /// A request for `keys` that waited at most `wait` ended (`what`), having started at `started`: as
+    /// [`Sim::check_wait`], with a round trip more per key for several keys (the one-step attempt at all of
+    /// them, then each key's own attempt: without a wait every key gets one).
+    pub fn check_wait_keys(&self, client: usize, started: Instant, wait: Duration, keys: &[String], what: &str) {
+        let mut distinct: Vec<&String> = keys.iter().collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let extra = match distinct.len() {
+            1 => Duration::ZERO,
+            n => n as u32 * 2 * self.0.config.normal_delay,
+        };
+        self.check_wait(client, started, wait + extra, &format!("{what} ({} keys: wait + {extra:?})", distinct.len()));
+    }
+
+    /// `guard`'s release is about to start: what to check its outcome against ([`Sim::released`]).
+    pub fn releasing(&self, guard: &LockGuard) -> Releasing {
+        let all_nested = guard.is_nested();
+        let parts = guard
+            .grants()
+            .iter()
+            // A key the running lock body holds is left to it.
+            .map(|grant| (grant.keys.record.clone(), grant.token.as_str().to_owned(), all_nested || held(grant)))
+            .collect();
+        Releasing { parts, started: Instant::now() }
+    }
+
+    /// A release returned `outcome`: it must be the true one. `Released` only if the store held this grant
+    /// until a release of it freed it (left it to `min_hold`, handed it over); `Expired` only if the store no
+    /// longer held it; `TakenByOther` only if another token held it; `Unconfirmed` only after a resend (the
+    /// oracle cannot tell which: accepted then); `Nested` only for a guard that took no key itself. A guard of
+    /// several keys reports `Released` only if every key was, else one key's outcome. An error says nothing.
+    pub fn released(
+        &self,
+        client: usize,
+        releasing: Releasing,
+        outcome: &Result<ReleaseOutcome, LockError>,
+        name: &str,
+    ) {
+        let world = &self.0;
+        world.trace(|| format!("c{client} {name}: released: {outcome:?}"));
+        let Ok(outcome) = *outcome else { return };
+        if matches!(world.config.model, super::Model::Redlock(_)) {
+            return; // A Redlock release is a round over servers: not checked here (wire.rs reports none).
+        }
+        let (from, to) = (releasing.started, Instant::now());
+        let owned: Vec<&(String, String, bool)> = releasing.parts.iter().filter(|p| !p.2).collect();
+        let true_of = |(record, token, _): &&(String, String, bool)| world.could_be(record, token, from, to, outcome);
+        let right = match outcome {
+            ReleaseOutcome::Nested => owned.is_empty(),
+            _ if owned.is_empty() => false,
+            ReleaseOutcome::Released => owned.iter().all(true_of),
+            _ => owned.iter().any(true_of),
+        };
+        if !right {
+            let found: Vec<String> = owned
+                .iter()
+                .map(|(record, token, _)| {
+                    let now = match world.peek(record) {
+                        Some((Some(holder), ..)) if holder == *token => "still its".to_owned(),
+                        Some((Some(holder), ..)) => format!("{}'s", short(&holder)),
+                        _ => "nobody's".to_owned(),
+                    };
+                    format!("{record}: releases {}; now {now}", world.releases_of(token, from))
+                })
+                .collect();
+            world.violation(format!(
+                "c{client} {name}: release reported {outcome:?}, not what the store found ({}; {} of {} keys nested)",
+                found.join("; "),
+                releasing.parts.len() - owned.len(),
+                releasing.parts.len()
+            ));
+        }
+    }
+
+    /// A request for `keys` that used `tokens` was cancelled: whatever it left in the store frees within its
+    /// lease, `max_lease` at the longest (the prompt clean-up is [`Sim::gone`]'s).
+    pub fn cancelled(&self, client: usize, keys: &[String], tokens: Vec<String>, max_lease: Duration) {
+        if tokens.is_empty() {
+            return;
+        }
+        let bound = self.0.lease_bound(max_lease);
+        let records: Vec<String> = keys.iter().map(|key| LockKeys::new(PREFIX, key.clone()).record).collect();
+        self.0.after_quiet(client, bound, move |world| {
+            for record in &records {
+                if let Some((Some(holder), ..)) = world.peek(record) {
+                    if tokens.contains(&holder) {
+                        world.violation(format!(
+                            "c{client}: {record} still held by {} of a request cancelled {bound:?} (and every pause since) ago",
+                            short(&holder)
+                        ));
+                    }
+                }
+            }
+        });
+    }
+
+    /// Client `client` starts its shutdown with `grace`: its locks are lost at the end of it, by design.
+    pub fn shutting_down(&self, client: usize, grace: Duration) {
+        self.0.trace(|| format!("c{client} SHUTTING DOWN (grace {grace:?})"));
+        self.0.state().truth.shutting_down.insert(client, Instant::now() + grace);
+    }
+
+    /// Client `client`'s shutdown with `grace`, started at `started`, resolved: unless a fault hindered the
+    /// client meanwhile, promptly after the grace (its bodies stop on the loss, and its releases take a round
+    /// trip each), and with the store holding none of its locks; and none `max_lease` (its longest lease)
+    /// later in any case.
+    pub fn shut_down(&self, client: usize, started: Instant, grace: Duration, max_lease: Duration) {
+        let world = &self.0;
+        world.trace(|| format!("c{client} SHUT DOWN"));
+        let now = Instant::now();
+        if !world.disturbed(client, started, now) {
+            world.check_left(client, "shut down and still holds");
+            // A body notices the loss at its next step, and a nested one's ends before its outer one's.
+            let slack = 2 * world.config.response_timeout + Duration::from_millis(300);
+            if now - started > grace + slack {
+                let took = now - started;
+                world.violation(format!("c{client}: shutdown with grace {grace:?} took {took:?}, with no fault"));
+            }
+        }
+        world.after_quiet(client, world.lease_bound(max_lease), move |world| {
+            world.check_left(client, "shut down, and a lease later still holds");
+        });
+    }
+}
+
+impl World {
+    /// The store holds no lock for a token of `client`.
+    fn check_left(&self, client: usize, what: &str) {
+        let records: Vec<String> = self.state().last_fence.keys().cloned().collect();
+        for record in records {
+            let Some((Some(holder), ..)) = self.peek(&record) else { continue };
+            if self.state().owners.get(&holder) == Some(&client) {
+                self.violation(format!("c{client} {what} {record} (its token {})", short(&holder)));
+            }
+        }
+    }
+}
+
+/// Whether `grant` is held by the lock body running now (so a guard of it took it nested).
+fn held(grant: &Arc<Grant>) -> bool {
+    crate::held::find(&grant.client, &grant.keys.name).is_some_and(|g| Arc::ptr_eq(&g, grant))
+}
+
+/// Whether any of `grants` is one of `watched`.
+fn shares(watched: &[Weak<Grant>], grants: &[Arc<Grant>]) -> bool {
+    watched.iter().any(|w| grants.iter().any(|g| w.as_ptr() == Arc::as_ptr(g)))
+}
+
+/// A guard's fencing tokens, for the trace.
+fn fences(guard: &LockGuard) -> Vec<u64> {
+    guard.keys().filter_map(|key| guard.fencing_token_of(key)).collect()
+}
