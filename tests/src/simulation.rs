@@ -50,6 +50,31 @@ pub fn run_one_on(model: Model, seed: u64, reverted: Option<Fix>, trace: bool) -
     simulation::run(config, classic::workload)
 }
 
+/// The first schedule of `seeds` on `model` that the oracle faults, with its first violation, with the
+/// simulated servers running the scripts as `mutant` has them (two threads).
+pub fn first_failing(
+    model: Model,
+    seeds: Range<u64>,
+    mutant: Option<distlock::simulation::LuaMutant>,
+) -> Option<(u64, String)> {
+    let run = |seed: u64| {
+        let mut config = Config::new(seed);
+        config.model = model;
+        config.lua_mutant = mutant.clone();
+        simulation::run(config, classic::workload).violations.first().map(|v| (seed, v.clone()))
+    };
+    let found: Vec<Option<(u64, String)>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..2u64)
+            .map(|thread| {
+                let (seeds, run) = (seeds.clone(), &run);
+                scope.spawn(move || seeds.filter(|s| s % 2 == thread).find_map(run))
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().expect("a simulation thread panicked")).collect()
+    });
+    found.into_iter().flatten().min_by_key(|(seed, _)| *seed)
+}
+
 /// `SIM_WORKLOAD=full`: the whole-API workload on every model.
 fn full_workload() -> bool {
     std::env::var("SIM_WORKLOAD").is_ok_and(|w| w == "full")
