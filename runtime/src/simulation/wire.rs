@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use redis::{Arg, Cmd, Pipeline, PushInfo, PushKind, RedisError, RedisResult, Value};
@@ -138,13 +138,14 @@ impl World {
     }
 
     /// Runs one command on the node `target` names, as a call of `client`'s connection `connection` sent at
-    /// `sent`: reset if the node restarted (or failed over) since; `WAIT` and the subscription commands are the
-    /// connection's own.
+    /// `sent` on its socket opened at `opened`: reset if the node restarted (or failed over) since that socket
+    /// opened (a restart closes every connection, and Sentinel kills the clients of every server it
+    /// reconfigures); `WAIT` and the subscription commands are the connection's own.
     async fn apply_wire(
         self: &Arc<Self>,
         client: usize,
         connection: &ConnectionState,
-        sent: Instant,
+        opened: Instant,
         args: Vec<Vec<u8>>,
     ) -> Wire {
         loop {
@@ -159,11 +160,12 @@ impl World {
         }
         let name = args.first().map(|a| a.to_ascii_uppercase()).unwrap_or_default();
         if name == b"WAIT" {
-            return self.wait_for_replicas(connection, sent, &args).await;
+            return self.wait_for_replicas(connection, opened, &args).await;
         }
         let mut nodes = self.nodes();
         let node = self.resolve(&nodes, connection.target);
-        if nodes[node].reset_at.is_some_and(|at| at > sent) {
+        if nodes[node].reset_at.is_some_and(|at| at > opened) {
+            connection.reopen(opened);
             return Wire::Reset;
         }
         match name.as_slice() {
@@ -285,7 +287,7 @@ impl World {
 
     /// `WAIT numreplicas timeout`: how many replicas of the primary have this connection's writes, once enough
     /// have or the timeout passed.
-    async fn wait_for_replicas(&self, connection: &ConnectionState, sent: Instant, args: &[Vec<u8>]) -> Wire {
+    async fn wait_for_replicas(&self, connection: &ConnectionState, opened: Instant, args: &[Vec<u8>]) -> Wire {
         let number = |i: usize| args.get(i).and_then(|a| std::str::from_utf8(a).ok()?.parse::<u64>().ok());
         let (Some(wanted), Some(timeout)) = (number(1), number(2)) else {
             return Wire::Reply(error("ERR value is not an integer or out of range"));
@@ -299,8 +301,9 @@ impl World {
             let acknowledged = {
                 let nodes = self.nodes();
                 let primary = self.resolve(&nodes, connection.target);
-                // A failover or restart while it waits resets the connection it was sent on.
-                if nodes[primary].reset_at.is_some_and(|at| at > sent) {
+                // A failover or restart since its socket opened (or while it waits) resets it.
+                if nodes[primary].reset_at.is_some_and(|at| at > opened) {
+                    connection.reopen(opened);
                     return Wire::Reset;
                 }
                 if connection.written_on.load(Ordering::Relaxed) != primary as u64 && written > 0 {
@@ -548,6 +551,21 @@ struct ConnectionState {
     /// The replication offset of this connection's last write, which `WAIT` waits for, and on which node.
     written: AtomicU64,
     written_on: AtomicU64,
+    /// When its socket opened: the commands connection is a `ConnectionManager`, which opens a new socket
+    /// after a call failed on a closed one; the new socket made no writes, and a `WAIT` on it counts none.
+    opened: Mutex<Instant>,
+}
+
+impl ConnectionState {
+    /// The socket opened at `was` is closed: the next call goes on a new one (unless that happened already).
+    fn reopen(&self, was: Instant) {
+        let mut opened = self.opened.lock().unwrap_or_else(PoisonError::into_inner);
+        if *opened == was {
+            *opened = Instant::now();
+            self.written.store(0, Ordering::Relaxed);
+            self.written_on.store(0, Ordering::Relaxed);
+        }
+    }
 }
 
 static CONNECTIONS: AtomicU64 = AtomicU64::new(1);
@@ -564,6 +582,7 @@ impl Connection {
                 push,
                 written: AtomicU64::new(0),
                 written_on: AtomicU64::new(0),
+                opened: Mutex::new(Instant::now()),
             }),
         }
     }
@@ -625,10 +644,14 @@ impl Connection {
             _ => String::new(),
         };
         let (tx, rx) = oneshot::channel();
-        let sent = Instant::now();
+        // The subscriptions' connection is reset by its Disconnection push instead (`disconnect`).
+        let opened = match self.state.push {
+            Some(_) => Instant::now(),
+            None => *self.state.opened.lock().unwrap_or_else(PoisonError::into_inner),
+        };
         let op = {
             let (world, state) = (Arc::clone(world), Arc::clone(&self.state));
-            async move { Ok::<Wire, LockError>(world.apply_wire(client, &state, sent, args).await) }
+            async move { Ok::<Wire, LockError>(world.apply_wire(client, &state, opened, args).await) }
         };
         tokio::spawn(Arc::clone(world).carry(client, plan, record, op, tx));
         let reply = tokio::time::timeout(world.config.response_timeout, rx).await;

@@ -12,7 +12,7 @@ use redis::{IntoConnectionInfo, ProtocolVersion};
 use super::batch::Coalescer;
 use super::cluster_nodes::{NodeMap, PerNode};
 use super::config_errors::{database_error, url_error};
-use super::link::{self, Link, Rebuilding};
+use super::link::{self, Conn, Epoch, Link, Rebuilding};
 use super::scripts::{self, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY};
 use super::subscriber::Subscriber;
 use super::{timeout_error, ConnectSettings, Hot, RedisBackend, Timeouts};
@@ -43,8 +43,9 @@ impl RedisBackend {
             redis::cmd("PING").query_async(&mut commands).await.map_err(|e| BackendError::new(&server, None, e))?;
         debug_assert_eq!(pong, "PONG");
         let resp3 = info.clone().set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
-        let subscriber = Subscriber::new(resp3, timeouts);
-        let commands = Link::One(commands);
+        let epoch = Epoch::default();
+        let subscriber = Subscriber::new(resp3, timeouts, epoch.clone());
+        let commands = Link::new(Conn::One(commands), epoch);
         let hot = Hot::Coalesced(Coalescer::new(commands.clone()));
         Self::checked(server, commands, hot, subscriber, Default::default(), settings).await
     }
@@ -56,7 +57,8 @@ impl RedisBackend {
         let (infos, listed) =
             connection_infos(seeds, "redis_cluster needs at least one node URL to start from", &settings)?;
         let server = format!("cluster {listed}");
-        let subscriber = Subscriber::given(timeouts);
+        let epoch = Epoch::default();
+        let subscriber = Subscriber::given(timeouts, epoch.clone());
         // The crate's defaults wait at least 1.28 s between retries and bound a whole call by one attempt's
         // timeout: set both, so a call in flight completes soon after a replica is promoted.
         let client = redis::cluster::ClusterClientBuilder::new(infos)
@@ -78,9 +80,9 @@ impl RedisBackend {
             let client = client.clone();
             Box::pin(async move { client.get_async_connection().await })
         });
-        let link = Rebuilding::new(conn, connect, link::cluster_stale, timeouts.connect, server.clone());
+        let link = Rebuilding::new(conn, connect, link::cluster_stale, timeouts.connect, server.clone(), epoch.clone());
         link.on_rebuilt(subscriber.after_reconnect());
-        let link = Link::Cluster(link);
+        let link = Link::new(Conn::Cluster(link), epoch);
         subscriber.use_connection(link.clone());
         let node_map = Arc::<NodeMap>::default();
         let hot = Hot::PerNode(PerNode::new(link.clone(), Arc::clone(&node_map)));
@@ -117,7 +119,8 @@ impl RedisBackend {
         let sentinel = SentinelClient::build(infos, name, Some(node), SentinelServerType::Master)
             .map_err(|e| url_error(&server, &e))?;
         let sentinel = Arc::new(tokio::sync::Mutex::new(sentinel));
-        let subscriber = Subscriber::given(timeouts);
+        let epoch = Epoch::default();
+        let subscriber = Subscriber::given(timeouts, epoch.clone());
         let config = manager_config(timeouts).set_push_sender(subscriber.push_handler()).set_automatic_resubscription();
         let connect: link::Connect<ConnectionManager> = Box::new(move || {
             let (sentinel, config) = (sentinel.clone(), config.clone());
@@ -137,9 +140,10 @@ impl RedisBackend {
             Ok(Err(e)) => return Err(BackendError::new(&server, None, e).into()),
             Ok(Ok(conn)) => conn,
         };
-        let link = Rebuilding::new(conn, connect, link::sentinel_stale, timeouts.connect, server.clone());
+        let link =
+            Rebuilding::new(conn, connect, link::sentinel_stale, timeouts.connect, server.clone(), epoch.clone());
         link.on_rebuilt(subscriber.after_reconnect());
-        let link = Link::Sentinel(link);
+        let link = Link::new(Conn::Sentinel(link), epoch);
         subscriber.use_connection(link.clone());
         let hot = Hot::Coalesced(Coalescer::new(link.clone()));
         Self::checked(server, link, hot, subscriber, Default::default(), settings).await

@@ -16,9 +16,45 @@ use tokio::time::Instant;
 
 use super::scripts::{self, LuaScript};
 
-/// A command connection of any kind; cheap to clone (each is a handle to multiplexed connections).
+/// A command connection of any kind, and its epoch; cheap to clone (each is a handle to multiplexed
+/// connections).
 #[derive(Clone)]
-pub(super) enum Link {
+pub(super) struct Link {
+    conn: Conn,
+    epoch: Epoch,
+}
+
+/// Counts the times the connections under a link may have been replaced: a call failed in a way after which
+/// the redis crate (or [`Rebuilding`]) reconnects, a rebuild, or a disconnection pushed to the subscriber. A
+/// `WAIT` counts the writes made on the connection it is sent on; one sent after a reconnect is on a new
+/// connection that made none, and answers "every replica has them" for writes it never saw (found by the
+/// simulation: redis+replicas seed 6723, a renewal counted across a failover). So a write counts as
+/// acknowledged only if the epoch did not move between the write being sent and the `WAIT`'s answer.
+#[derive(Clone, Default)]
+pub(super) struct Epoch(Arc<AtomicU64>);
+
+impl Epoch {
+    pub(super) fn now(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    pub(super) fn bump(&self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// After a call: a failure after which the connection may be replaced moves the epoch.
+    fn note<T>(&self, result: &RedisResult<T>) {
+        if result.as_ref().is_err_and(|e| {
+            e.is_unrecoverable_error() || e.is_io_error() || e.is_connection_dropped() || e.is_timeout()
+        }) {
+            self.bump();
+        }
+    }
+}
+
+/// The connection under a [`Link`].
+#[derive(Clone)]
+pub(super) enum Conn {
     /// One server: a standalone Redis or a replicated primary.
     One(ConnectionManager),
     /// A Redis Cluster: one connection per node, calls routed by key; rebuilt when calls time out.
@@ -53,6 +89,8 @@ pub(super) struct Rebuilding<C> {
     on_rebuilt: OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// Where it connects, password redacted, for the log.
     server: String,
+    /// The epoch of the links over it, moved by each rebuild.
+    epoch: Epoch,
 }
 
 /// Rebuilds are spaced at least this far apart: a failover takes seconds, and each rebuild reconnects.
@@ -79,6 +117,7 @@ impl<C: Clone + Send + Sync + 'static> Rebuilding<C> {
         stale: fn(&RedisError) -> bool,
         connect_timeout: Duration,
         server: String,
+        epoch: Epoch,
     ) -> Arc<Self> {
         Arc::new(Self {
             current: RwLock::new(connection),
@@ -88,6 +127,7 @@ impl<C: Clone + Send + Sync + 'static> Rebuilding<C> {
             connect_timeout,
             on_rebuilt: OnceLock::new(),
             server,
+            epoch,
         })
     }
 
@@ -116,6 +156,7 @@ impl<C: Clone + Send + Sync + 'static> Rebuilding<C> {
         match tokio::time::timeout(self.connect_timeout * 2, (self.connect)()).await {
             Ok(Ok(connection)) => {
                 *self.current.write().unwrap_or_else(PoisonError::into_inner) = connection;
+                self.epoch.bump();
                 tracing::warn!(server = %self.server, "distlock: calls failed; reconnected and looked up the servers again");
                 if let Some(f) = self.on_rebuilt.get() {
                     f();
@@ -152,15 +193,24 @@ impl<C: Clone + Send + Sync + 'static> Rebuilding<C> {
 }
 
 impl Link {
+    pub(super) fn new(conn: Conn, epoch: Epoch) -> Self {
+        Self { conn, epoch }
+    }
+
+    /// The epoch now: read before a write, compared after its `WAIT` ([`Epoch`]).
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch.now()
+    }
+
     pub(super) fn is_cluster(&self) -> bool {
-        matches!(self, Link::Cluster(_))
+        matches!(self.conn, Conn::Cluster(_))
     }
 
     /// Runs `cmd` (one without keys, such as `WAIT`) on the server that holds `key`: on a cluster, the
     /// primary serving `key`'s slot; otherwise the one server.
     pub(super) async fn query_on_node_of<T: redis::FromRedisValue>(&self, cmd: Cmd, key: &str) -> RedisResult<T> {
-        match self {
-            Link::Cluster(link) => {
+        match &self.conn {
+            Conn::Cluster(link) => {
                 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
                 let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
                     key,
@@ -171,15 +221,16 @@ impl Link {
                 // way is a round trip to a node, next to which one allocation is nothing.
                 let result = Box::pin(link.connection().route_command(cmd, route)).await;
                 link.note(&result);
+                self.epoch.note(&result);
                 Ok(redis::from_redis_value(result?)?)
             }
-            other => cmd.query_async(&mut other.clone()).await,
+            _ => cmd.query_async(&mut self.clone()).await,
         }
     }
 
     /// On a cluster, its primaries' addresses (host, port), as `CLUSTER SLOTS` names them; `None` on one server.
     pub(super) async fn cluster_primaries(&self) -> RedisResult<Option<Vec<(String, u16)>>> {
-        let Link::Cluster(link) = self else { return Ok(None) };
+        let Conn::Cluster(link) = &self.conn else { return Ok(None) };
         use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
         let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary);
         let result = link.connection().route_command(redis::cmd("CLUSTER").arg("SLOTS").clone(), route).await;
@@ -208,27 +259,28 @@ impl Link {
         host: &str,
         port: u16,
     ) -> RedisResult<T> {
-        match self {
-            Link::Cluster(link) => {
+        match &self.conn {
+            Conn::Cluster(link) => {
                 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
                 let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host: host.to_owned(), port });
                 let result = Box::pin(link.connection().route_command(cmd, route)).await;
                 link.note(&result);
+                self.epoch.note(&result);
                 Ok(redis::from_redis_value(result?)?)
             }
-            other => cmd.query_async(&mut other.clone()).await,
+            _ => cmd.query_async(&mut self.clone()).await,
         }
     }
 
     /// Subscribes to `channel`: SUBSCRIBE; on a cluster SSUBSCRIBE (sharded pub/sub, where the scripts
     /// SPUBLISH), sent to the primary of the channel's slot and moved with it when the topology changes.
     pub(super) async fn subscribe(&mut self, channel: &[u8]) -> RedisResult<()> {
-        match self {
-            Link::One(conn) => conn.subscribe(channel).await,
-            Link::Cluster(link) => link.connection().ssubscribe(channel).await,
-            Link::Sentinel(link) => link.connection().subscribe(channel).await,
+        match &mut self.conn {
+            Conn::One(conn) => conn.subscribe(channel).await,
+            Conn::Cluster(link) => link.connection().ssubscribe(channel).await,
+            Conn::Sentinel(link) => link.connection().subscribe(channel).await,
             #[cfg(feature = "simulation")]
-            Link::Simulated(conn) => conn.subscribe(&[channel.to_vec()]).await,
+            Conn::Simulated(conn) => conn.subscribe(&[channel.to_vec()]).await,
         }
     }
 
@@ -236,9 +288,9 @@ impl Link {
     /// (one command's channels must share a slot), all at once. Fails if any failed; subscribing twice is
     /// harmless, so all are sent again on the next attempt.
     pub(super) async fn subscribe_all(&mut self, channels: &[Vec<u8>]) -> RedisResult<()> {
-        match self {
-            Link::One(conn) => conn.subscribe(channels).await,
-            Link::Cluster(link) => {
+        match &mut self.conn {
+            Conn::One(conn) => conn.subscribe(channels).await,
+            Conn::Cluster(link) => {
                 let conn = link.connection();
                 let each = channels.iter().map(|channel| {
                     let mut conn = conn.clone();
@@ -246,68 +298,93 @@ impl Link {
                 });
                 futures_util::future::join_all(each).await.into_iter().collect()
             }
-            Link::Sentinel(link) => link.connection().subscribe(channels).await,
+            Conn::Sentinel(link) => link.connection().subscribe(channels).await,
             #[cfg(feature = "simulation")]
-            Link::Simulated(conn) => conn.subscribe(channels).await,
+            Conn::Simulated(conn) => conn.subscribe(channels).await,
         }
     }
 
     /// Unsubscribes from `channel` (SUNSUBSCRIBE on a cluster).
     pub(super) async fn unsubscribe(&mut self, channel: &[u8]) -> RedisResult<()> {
-        match self {
-            Link::One(conn) => conn.unsubscribe(channel).await,
-            Link::Cluster(link) => link.connection().sunsubscribe(channel).await,
-            Link::Sentinel(link) => link.connection().unsubscribe(channel).await,
+        match &mut self.conn {
+            Conn::One(conn) => conn.unsubscribe(channel).await,
+            Conn::Cluster(link) => link.connection().sunsubscribe(channel).await,
+            Conn::Sentinel(link) => link.connection().unsubscribe(channel).await,
             #[cfg(feature = "simulation")]
-            Link::Simulated(conn) => conn.unsubscribe(channel).await,
+            Conn::Simulated(conn) => conn.unsubscribe(channel).await,
         }
     }
 
     /// The text of `script` as this connection sends it (for `SCRIPT LOAD`): the numbered variant on a
     /// connection that carries subscriptions, with SPUBLISH on a cluster.
     pub(super) fn script_source(&self, script: &LuaScript) -> &'static str {
-        match self {
-            Link::One(_) => script.source,
-            Link::Cluster(_) => script.sharded.source,
-            Link::Sentinel(_) => script.numbered.source,
+        match &self.conn {
+            Conn::One(_) => script.source,
+            Conn::Cluster(_) => script.sharded.source,
+            Conn::Sentinel(_) => script.numbered.source,
             #[cfg(feature = "simulation")]
-            Link::Simulated(_) => script.source,
+            Conn::Simulated(_) => script.source,
         }
     }
 }
 
 impl Link {
     fn send<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Link::One(conn) => conn.req_packed_command(cmd),
-            Link::Cluster(link) => link.run(move |mut c| Box::pin(async move { c.req_packed_command(cmd).await })),
-            Link::Sentinel(link) => link.run(move |mut c| Box::pin(async move { c.req_packed_command(cmd).await })),
-            #[cfg(feature = "simulation")]
-            Link::Simulated(conn) => Box::pin(conn.send(cmd)),
-        }
+        let epoch = self.epoch.clone();
+        let call = self.send_on_conn(cmd);
+        Box::pin(async move {
+            let result = call.await;
+            epoch.note(&result);
+            result
+        })
     }
 
     fn send_all<'a>(&'a mut self, cmd: &'a Pipeline, offset: usize, count: usize) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Link::One(conn) => conn.req_packed_commands(cmd, offset, count),
-            Link::Cluster(link) => {
+        let epoch = self.epoch.clone();
+        let call = self.send_all_on_conn(cmd, offset, count);
+        Box::pin(async move {
+            let result = call.await;
+            epoch.note(&result);
+            result
+        })
+    }
+
+    fn send_on_conn<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match &mut self.conn {
+            Conn::One(conn) => conn.req_packed_command(cmd),
+            Conn::Cluster(link) => link.run(move |mut c| Box::pin(async move { c.req_packed_command(cmd).await })),
+            Conn::Sentinel(link) => link.run(move |mut c| Box::pin(async move { c.req_packed_command(cmd).await })),
+            #[cfg(feature = "simulation")]
+            Conn::Simulated(conn) => Box::pin(conn.send(cmd)),
+        }
+    }
+
+    fn send_all_on_conn<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match &mut self.conn {
+            Conn::One(conn) => conn.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(link) => {
                 link.run(move |mut c| Box::pin(async move { c.req_packed_commands(cmd, offset, count).await }))
             }
-            Link::Sentinel(link) => {
+            Conn::Sentinel(link) => {
                 link.run(move |mut c| Box::pin(async move { c.req_packed_commands(cmd, offset, count).await }))
             }
             #[cfg(feature = "simulation")]
-            Link::Simulated(conn) => Box::pin(conn.send_all(cmd, offset, count)),
+            Conn::Simulated(conn) => Box::pin(conn.send_all(cmd, offset, count)),
         }
     }
 
     /// Whether the connection carries the subscriptions too (a cluster's, or the primary's behind Sentinel), so
     /// its script calls are numbered. One server's subscriptions have a connection of their own.
     fn carries_subscriptions(&self) -> bool {
-        match self {
-            Link::One(_) => false,
+        match &self.conn {
+            Conn::One(_) => false,
             #[cfg(feature = "simulation")]
-            Link::Simulated(_) => false,
+            Conn::Simulated(_) => false,
             _ => true,
         }
     }
@@ -316,12 +393,12 @@ impl Link {
     /// it is replaced.
     fn out_of_step(&self) {
         tracing::warn!("distlock: a reply answered another call; the call is sent again on a new connection");
-        match self {
-            Link::One(_) => {}
-            Link::Cluster(link) => link.replace(),
-            Link::Sentinel(link) => link.replace(),
+        match &self.conn {
+            Conn::One(_) => {}
+            Conn::Cluster(link) => link.replace(),
+            Conn::Sentinel(link) => link.replace(),
             #[cfg(feature = "simulation")]
-            Link::Simulated(_) => {}
+            Conn::Simulated(_) => {}
         }
     }
 }
@@ -453,12 +530,12 @@ impl ConnectionLike for Link {
     }
 
     fn get_db(&self) -> i64 {
-        match self {
-            Link::One(conn) => conn.get_db(),
-            Link::Cluster(_) => 0,
-            Link::Sentinel(link) => link.connection().get_db(),
+        match &self.conn {
+            Conn::One(conn) => conn.get_db(),
+            Conn::Cluster(_) => 0,
+            Conn::Sentinel(link) => link.connection().get_db(),
             #[cfg(feature = "simulation")]
-            Link::Simulated(_) => 0,
+            Conn::Simulated(_) => 0,
         }
     }
 }

@@ -133,12 +133,13 @@ impl RedisBackend {
             attempt,
             plain: self.plain.clone(),
         };
+        let epoch = self.commands.epoch();
         let reply = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
         let attempt = match attempt_of(reply).map_err(|e| self.error(keys, e))? {
             busy @ Attempt::Busy { .. } => return Ok(busy),
             granted => granted,
         };
-        if let Err(e) = self.replicated(keys).await {
+        if let Err(e) = self.replicated(keys, epoch).await {
             // Not durable enough to use: give it back (best effort; otherwise it expires).
             let _ = self.release(keys, token, None).await;
             return Err(e);
@@ -200,11 +201,12 @@ impl RedisBackend {
         build: impl Fn(&[usize], bool) -> Cmd,
     ) -> (Vec<usize>, Vec<Result<bool, LockError>>) {
         let mut conn = self.commands.clone();
+        let epoch = conn.epoch();
         let reply: redis::RedisResult<Value> = send_script(&mut conn, |s| build(&indices, s.by_source)).await;
         let mut results = Vec::with_capacity(indices.len());
         renewal_results(reply, indices.len(), &mut results);
         let shortfall = match results.iter().any(|r| matches!(r, Ok(true))) {
-            true => self.replication_shortfall(&items[indices[0]].keys.record).await,
+            true => self.replication_shortfall(&items[indices[0]].keys.record, epoch).await,
             false => Ok(None),
         };
         let results = self.acknowledged(results, indices.iter().map(|&i| &items[i]), &shortfall);
@@ -266,10 +268,11 @@ impl RedisBackend {
         .map_err(|e| self.error(keys, e))
     }
 
-    /// Whether the writes sent so far on the command connection reached the required replicas (always true
-    /// without `wait_for_replicas`). `WAIT` holds the shared connection until then: keep its timeout short.
-    pub(crate) async fn replicated(&self, keys: &LockKeys) -> Result<(), LockError> {
-        match self.replication_shortfall(&keys.record).await {
+    /// Whether the writes sent so far on the command connection, since the link's epoch was `epoch`, reached
+    /// the required replicas (always true without `wait_for_replicas`). `WAIT` holds the shared connection
+    /// until then: keep its timeout short.
+    pub(crate) async fn replicated(&self, keys: &LockKeys, epoch: u64) -> Result<(), LockError> {
+        match self.replication_shortfall(&keys.record, epoch).await {
             Ok(None) => Ok(()),
             Ok(Some((acknowledged, required))) => {
                 Err(LockError::NotReplicated { key: keys.name.clone(), acknowledged, required })
@@ -280,12 +283,15 @@ impl RedisBackend {
 
     /// `None` when enough replicas acknowledged (or none are required), else (acknowledged, required). On a
     /// cluster, `WAIT` goes to the node that serves `record` (it counts the writes sent on the connection to
-    /// that node); on one server, `record` is not needed.
-    async fn replication_shortfall(&self, record: &str) -> redis::RedisResult<Option<(u32, u32)>> {
+    /// that node); on one server, `record` is not needed. `epoch` is the link's before the write was sent: if
+    /// it moved, the `WAIT` may have gone on a new connection that made no write, and its answer says nothing
+    /// of the write: none acknowledged.
+    async fn replication_shortfall(&self, record: &str, epoch: u64) -> redis::RedisResult<Option<(u32, u32)>> {
         let Some(ReplicaAcks { count, timeout }) = self.replicas else { return Ok(None) };
         let mut wait = redis::cmd("WAIT");
         wait.arg(count).arg(millis(timeout).max(1));
         let acknowledged: u32 = self.commands.query_on_node_of(wait, record).await?;
+        let acknowledged = if self.commands.epoch() == epoch { acknowledged } else { 0 };
         Ok((acknowledged < count).then_some((acknowledged, count)))
     }
 }
@@ -335,6 +341,7 @@ impl Store for RedisBackend {
     }
 
     async fn renew(&self, keys: &LockKeys, token: &LockToken, ttl: Duration) -> Result<bool, LockError> {
+        let epoch = self.commands.epoch();
         let reply: i64 = self
             .eval(&RENEW, keys, |c| {
                 c.arg(1).arg(&keys.record).arg(token.as_str()).arg(millis(ttl));
@@ -342,7 +349,7 @@ impl Store for RedisBackend {
             .await?;
         let renewed = renew_outcome(reply).map_err(|e| self.error(keys, e))?;
         if renewed {
-            self.replicated(keys).await?;
+            self.replicated(keys, epoch).await?;
         }
         Ok(renewed)
     }
@@ -383,6 +390,7 @@ impl Store for RedisBackend {
         };
         let mut conn = self.commands.clone();
         let failed = |e| BackendError::new(&self.server, None, e);
+        let epoch = conn.epoch();
         let mut sent = pipeline(false).query_async(&mut conn).await;
         if sent.as_ref().is_err_and(redis::RedisError::is_connection_dropped) {
             // As send_script: once more at once, on the connection the manager makes anew (after a restart of
@@ -400,7 +408,7 @@ impl Store for RedisBackend {
         }
         // One WAIT covers the whole batch: a renewal the replicas did not get does not count (it is retried).
         let shortfall = match items.first() {
-            Some(item) => self.replication_shortfall(&item.keys.record).await,
+            Some(item) => self.replication_shortfall(&item.keys.record, epoch).await,
             None => Ok(None),
         };
         Ok(self.acknowledged(renewed, items.iter(), &shortfall))

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::batch::Coalescer;
-use super::link::Link;
+use super::link::{Conn, Epoch, Link};
 use super::subscriber::Subscriber;
 use super::{Hot, RedisBackend, ReplicaAcks, Timeouts};
 use crate::simulation::{Connection, Push};
@@ -18,13 +18,14 @@ impl RedisBackend {
         timeouts: Timeouts,
         replicas: Option<ReplicaAcks>,
     ) -> Self {
-        let subscriber = Subscriber::given(timeouts);
+        let epoch = Epoch::default();
+        let subscriber = Subscriber::given(timeouts, epoch.clone());
         let handler = subscriber.push_handler();
         let push: Push = Arc::new(move |push| {
             let _ = handler(push);
         });
-        subscriber.use_connection(Link::Simulated(open(Some(push))));
-        let commands = Link::Simulated(open(None));
+        subscriber.use_connection(Link::new(Conn::Simulated(open(Some(push))), epoch.clone()));
+        let commands = Link::new(Conn::Simulated(open(None)), epoch);
         let hot = Hot::Coalesced(Coalescer::new(commands.clone()));
         Self {
             server: "sim://redis".into(),

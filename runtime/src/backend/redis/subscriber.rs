@@ -9,7 +9,7 @@ use redis::{PushInfo, PushKind, Value};
 use tokio::sync::watch;
 
 use super::connect::manager_config;
-use super::link::Link;
+use super::link::{Conn, Epoch, Link};
 use super::Timeouts;
 use crate::backend::{Announcement, ReleaseWatch, WAKE_ALL};
 use crate::LockToken;
@@ -29,6 +29,9 @@ pub(super) struct Subscriber {
     connection: Arc<tokio::sync::OnceCell<Link>>,
     /// Serializes SUBSCRIBE/UNSUBSCRIBE so each is decided on the waiter count at the time it is sent.
     commands: Arc<tokio::sync::Mutex<()>>,
+    /// The backend's epoch: a disconnection pushed here moves it (behind Sentinel this connection carries the
+    /// scripts too, and the redis crate reconnects on the push without any call failing).
+    epoch: Epoch,
 }
 
 struct Channel {
@@ -43,20 +46,28 @@ fn lock_channels(channels: &Mutex<HashMap<Vec<u8>, Channel>>) -> MutexGuard<'_, 
 }
 
 impl Subscriber {
-    pub(super) fn new(info: redis::ConnectionInfo, timeouts: Timeouts) -> Self {
+    pub(super) fn new(info: redis::ConnectionInfo, timeouts: Timeouts, epoch: Epoch) -> Self {
         Self {
             info: Some(info),
             timeouts,
             channels: Arc::default(),
             connection: Arc::default(),
             commands: Arc::default(),
+            epoch,
         }
     }
 
     /// A subscriber whose connection is made elsewhere ([`use_connection`](Self::use_connection)), with
     /// [`push_handler`](Self::push_handler) installed on it.
-    pub(super) fn given(timeouts: Timeouts) -> Self {
-        Self { info: None, timeouts, channels: Arc::default(), connection: Arc::default(), commands: Arc::default() }
+    pub(super) fn given(timeouts: Timeouts, epoch: Epoch) -> Self {
+        Self {
+            info: None,
+            timeouts,
+            channels: Arc::default(),
+            connection: Arc::default(),
+            commands: Arc::default(),
+            epoch,
+        }
     }
 
     /// Subscribes on `connection` from now on (its pushes must go to [`push_handler`](Self::push_handler)).
@@ -78,6 +89,7 @@ impl Subscriber {
         &self,
     ) -> impl Fn(PushInfo) -> Result<(), std::convert::Infallible> + Send + Sync + 'static {
         let channels = Arc::clone(&self.channels);
+        let epoch = self.epoch.clone();
         let resubscribe = Resubscribe {
             channels: Arc::clone(&self.channels),
             connection: Arc::clone(&self.connection),
@@ -122,6 +134,7 @@ impl Subscriber {
                     }
                 }
                 PushKind::Disconnection => {
+                    epoch.bump();
                     for tx in channels.values().flat_map(|c| c.waiters.values()) {
                         tx.send_replace(Announcement::Retry);
                     }
@@ -162,7 +175,8 @@ impl Subscriber {
                 let config =
                     manager_config(self.timeouts).set_push_sender(self.push_handler()).set_automatic_resubscription();
                 let client = redis::Client::open(info)?;
-                ConnectionManager::new_with_config(client, config).await.map(Link::One)
+                let epoch = self.epoch.clone();
+                ConnectionManager::new_with_config(client, config).await.map(|c| Link::new(Conn::One(c), epoch))
             })
             .await
             .cloned()
@@ -305,8 +319,10 @@ mod tests {
     /// first subscription, which arrives before the channel is marked subscribed, wakes nobody.
     #[test]
     fn a_resubscription_makes_that_channels_waiters_retry() {
-        let subscriber =
-            Subscriber::given(Timeouts { connect: Duration::from_secs(1), response: Duration::from_secs(1) });
+        let subscriber = Subscriber::given(
+            Timeouts { connect: Duration::from_secs(1), response: Duration::from_secs(1) },
+            Epoch::default(),
+        );
         let handle = subscriber.push_handler();
         let moved = waiting(&subscriber, "d:{a}:released", "ta", true);
         let first = waiting(&subscriber, "d:{b}:released", "tb", false);
@@ -325,8 +341,10 @@ mod tests {
     /// subscribed, wake nobody.
     #[test]
     fn a_dropped_sharded_subscription_makes_that_channels_waiters_retry() {
-        let subscriber =
-            Subscriber::given(Timeouts { connect: Duration::from_secs(1), response: Duration::from_secs(1) });
+        let subscriber = Subscriber::given(
+            Timeouts { connect: Duration::from_secs(1), response: Duration::from_secs(1) },
+            Epoch::default(),
+        );
         let handle = subscriber.push_handler();
         let moved = waiting(&subscriber, "d:{a}:released", "ta", true);
         let first = waiting(&subscriber, "d:{b}:released", "tb", false);
@@ -342,8 +360,10 @@ mod tests {
     /// A sharded message is an announcement like a plain one: a hand-over wakes its heir.
     #[test]
     fn sharded_messages_announce_hand_overs() {
-        let subscriber =
-            Subscriber::given(Timeouts { connect: Duration::from_secs(1), response: Duration::from_secs(1) });
+        let subscriber = Subscriber::given(
+            Timeouts { connect: Duration::from_secs(1), response: Duration::from_secs(1) },
+            Epoch::default(),
+        );
         let handle = subscriber.push_handler();
         let heir = waiting(&subscriber, "d:{a}:released", "ta", true);
         handle(push(PushKind::SMessage, "d:{a}:released", Value::BulkString(b"ta:7:100".to_vec()))).unwrap();

@@ -46,6 +46,11 @@ impl Unfinished {
         fresh.then(|| UnderWay { set: self.clone(), entry })
     }
 
+    /// Whether a call for `token` is under way on server `i`.
+    pub(super) fn under_way(&self, i: usize, token: &LockToken) -> bool {
+        self.set().contains(&(i, token.clone()))
+    }
+
     /// Once no call for `token` is under way on server `i` (at once, mostly).
     pub(super) async fn over(&self, i: usize, token: &LockToken) {
         let entry = (i, token.clone());
