@@ -174,6 +174,7 @@ mod grant;
 mod guard;
 mod held;
 mod hooks;
+mod http_answers;
 mod listing;
 mod observe;
 mod request;
