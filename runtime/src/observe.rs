@@ -154,7 +154,8 @@ pub(crate) fn millis(d: Duration) -> u64 {
 }
 
 /// The DEBUG event of a grant, one per key the request took from the store (nested keys were taken by the
-/// lock body around it). Fields are evaluated only when a subscriber wants the event.
+/// lock body around it). Fields are evaluated only when a subscriber wants the event. Its target is `distlock`,
+/// like the span's, so its message needs no `distlock:` of its own (`fmt` prints `distlock: lock granted`).
 pub(crate) fn granted(guard: &LockGuard, waited: Option<Duration>) {
     for grant in guard.owned_grants() {
         tracing::debug!(
@@ -163,7 +164,7 @@ pub(crate) fn granted(guard: &LockGuard, waited: Option<Duration>) {
             owner = %grant.client.inner.owner,
             fencing_token = grant.fence,
             waited_ms = waited.map(millis),
-            "distlock: lock granted"
+            "lock granted"
         );
     }
 }
@@ -179,7 +180,7 @@ pub(crate) fn released(grant: &Grant, outcome: ReleaseOutcome, kept: Option<Dura
         held_ms = millis(grant.acquired_at.elapsed()),
         kept_by_min_hold_ms = kept.map(millis),
         ?outcome,
-        "distlock: lock released"
+        "lock released"
     );
 }
 

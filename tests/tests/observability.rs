@@ -219,7 +219,7 @@ async fn grant_and_release_are_debug_events(fx: Fixture) {
     let fence = fence.expect("the body ran").to_string();
     let spans = lock_spans(logs, &key);
     let [span] = spans.as_slice() else { panic!("one lock span: {spans:?}") };
-    for message in ["distlock: lock granted", "distlock: lock released"] {
+    for message in ["lock granted", "lock released"] {
         let lines = events_of(logs, &key, message);
         let [line] = lines.as_slice() else { panic!("one {message:?}: {lines:?}\n{}", logs.dump()) };
         assert_eq!((line.level, line.target.as_str()), (Level::DEBUG, "distlock"), "{line}");
@@ -227,9 +227,9 @@ async fn grant_and_release_are_debug_events(fx: Fixture) {
         assert_eq!(line.fields["fencing_token"], fence, "{line}");
         assert_eq!(line.span, Some(span.index), "in the lock span: {line}");
     }
-    let granted = &events_of(logs, &key, "distlock: lock granted")[0];
+    let granted = &events_of(logs, &key, "lock granted")[0];
     assert!(granted.fields["waited_ms"].parse::<u64>().expect("ms") < 10_000, "{granted}");
-    let released = &events_of(logs, &key, "distlock: lock released")[0];
+    let released = &events_of(logs, &key, "lock released")[0];
     assert!(released.fields["held_ms"].parse::<u64>().expect("ms") < 10_000, "{released}");
     assert_eq!(released.fields["outcome"], "Released");
     assert!(!released.fields.contains_key("kept_by_min_hold_ms"), "{released}");
@@ -238,7 +238,7 @@ async fn grant_and_release_are_debug_events(fx: Fixture) {
     let guard = client.lock(&kept).ttl(secs(10)).min_hold(secs(5)).acquire().await.expect("free");
     let token = guard.token().expose_secret().to_owned();
     guard.release().await.expect("release");
-    let lines = events_of(logs, &kept, "distlock: lock released");
+    let lines = events_of(logs, &kept, "lock released");
     let [released] = lines.as_slice() else { panic!("one release: {lines:?}") };
     let kept_ms: u64 = released.fields["kept_by_min_hold_ms"].parse().expect("ms");
     assert!((4_000..=5_000).contains(&kept_ms), "{released}");
