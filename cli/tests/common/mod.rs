@@ -11,10 +11,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// The lease of the locks the tests hold: longer than any test.
 pub const TTL: Duration = Duration::from_secs(30);
 
-/// Runs `distlock ARGS`, with `stdin` as its standard input (none: `/dev/null`, so never a terminal).
-pub async fn distlock(args: &[&str], stdin: Option<&str>) -> Output {
+/// `distlock ARGS` with its output piped, and no `$REDIS_URL` from the test's environment.
+fn command(args: &[&str]) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_distlock"));
     cmd.args(args).env_remove("REDIS_URL").stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd
+}
+
+/// Runs `distlock ARGS`, with `stdin` as its standard input (none: `/dev/null`, so never a terminal).
+pub async fn distlock(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut cmd = command(args);
     cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
     let mut child = cmd.spawn().expect("run distlock");
     if let Some(text) = stdin {
@@ -56,14 +62,7 @@ pub fn assert_one_error_line(output: &Output) -> String {
 /// Starts `distlock ARGS` (a `watch`) with piped output, and reads until its output shows `needle`: the child,
 /// its standard output and what was read so far.
 pub async fn watch_until(args: &[&str], needle: &str) -> (tokio::process::Child, tokio::process::ChildStdout, Vec<u8>) {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_distlock"))
-        .args(args)
-        .env_remove("REDIS_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run distlock watch");
+    let mut child = command(args).stdin(Stdio::null()).spawn().expect("run distlock watch");
     let mut out = child.stdout.take().expect("stdout");
     let mut seen = Vec::new();
     read_until(&mut out, &mut seen, needle).await;
