@@ -156,7 +156,15 @@ pub(crate) fn millis(d: Duration) -> u64 {
 /// The DEBUG event of a grant, one per key the request took from the store (nested keys were taken by the
 /// lock body around it). Fields are evaluated only when a subscriber wants the event. Its target is `distlock`,
 /// like the span's, so its message needs no `distlock:` of its own (`fmt` prints `distlock: lock granted`).
+#[inline]
 pub(crate) fn granted(guard: &LockGuard, waited: Option<Duration>) {
+    // One check for the whole guard, inlined: with nobody listening the lock path pays a load and a branch.
+    if tracing::enabled!(target: "distlock", tracing::Level::DEBUG) {
+        granted_events(guard, waited);
+    }
+}
+
+fn granted_events(guard: &LockGuard, waited: Option<Duration>) {
     for grant in guard.owned_grants() {
         tracing::debug!(
             target: "distlock",

@@ -265,8 +265,15 @@ async fn a_lost_lock_says_why(fx: Fixture) {
 
     let key = format!("obs:shutdown-{:?}", fx.backend());
     let client = fx.client_with(|b| b).await;
-    let body = tokio::spawn(client.lock(&key).ttl(secs(10)).run(std::future::pending::<()>()));
-    eventually(secs(10), "the body runs", || async { client.lock_info(&key).await.expect("info").is_some() }).await;
+    // Shut down once the body runs (the record shows a moment before the acquisition returns, and a grant
+    // that returns into a shutdown is given back as `ShuttingDown`).
+    let (running, started) = tokio::sync::oneshot::channel();
+    let body = async move {
+        let _ = running.send(());
+        std::future::pending::<()>().await
+    };
+    let body = tokio::spawn(client.lock(&key).ttl(secs(10)).run(body));
+    within(secs(10), "the body runs", started).await.expect("the body started");
     client.shutdown(ms(100)).await;
     let error = within(secs(10), "the body ends", body).await.expect("task").unwrap_err();
     assert_lost_with(logs, &key, &error, LossReason::ShutDown);
