@@ -50,8 +50,7 @@ impl LockError {
     ///   lost it. A job of 500 ms answers `Retry-After: 1`, whatever its `ttl`.
     /// - A holder that has finished, with [`min_hold`](crate::LockRequest::min_hold) keeping the lock: its lease
     ///   left, when the lock frees.
-    /// - Holder unknown (the lock was free by the time it was looked up, or
-    ///   [`try_acquire`](crate::LockRequest::try_acquire) did not look): one second.
+    /// - Holder unknown (the lock was free by the time it was looked up, or the look-up failed): one second.
     ///
     /// For [`ShuttingDown`](LockError::ShuttingDown) and transient errors, one second: nothing known says
     /// longer, and a load balancer sends the retry to a replica that may be up.
