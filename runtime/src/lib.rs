@@ -184,6 +184,7 @@ mod held;
 mod hooks;
 mod http_answers;
 mod listing;
+mod loss;
 mod observe;
 mod request;
 mod token;
@@ -205,9 +206,10 @@ pub mod simulation;
 
 pub use client::{current_client, install, with_client, Client, ClientBuilder, LockInfo};
 pub use distlock_macros::distributed_lock;
-pub use error::{BackendError, LockError, LossReason};
+pub use error::{BackendError, LockError};
 pub use guard::{current_lock, LockGuard, ReleaseOutcome};
 pub use listing::{LockListing, LockWaiter, MAX_WAITERS_LISTED};
+pub use loss::LossReason;
 pub use request::{LockRequest, OnLost, RetryStrategy};
 pub use token::LockToken;
 
