@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncBufReadExt;
 
-use crate::render::{fence, printable, short, Row, Table};
+use crate::render::{fence, printable, short, Row, State, Table};
 use crate::{Exit, Failure};
 
 /// How many records are read at once: one page of names, its reads pipelined.
@@ -162,10 +162,16 @@ pub(crate) async fn show(client: &distlock::Client, key: &str, json: bool) -> Re
         return Ok(());
     }
     writeln!(out, "key:            {}", printable(&row.key))?;
+    match row.state {
+        State::Running => writeln!(out, "state:          running (its holder renews the lease while it works)")?,
+        State::Finished => {
+            writeln!(out, "state:          {} (released by its holder; min_hold keeps it)", row.state_text())?
+        }
+    }
     writeln!(out, "owner:          {}", printable(&row.owner))?;
     writeln!(out, "metadata:       {}", printable(&row.metadata))?;
-    writeln!(out, "held for:       {}", short(Duration::from_millis(row.held_for_ms as u64)))?;
-    writeln!(out, "lease left:     {}", short(Duration::from_millis(row.lease_left_ms as u64)))?;
+    writeln!(out, "held for:       {}", short(row.held_for()))?;
+    writeln!(out, "lease left:     {}", short(row.lease_left()))?;
     writeln!(out, "fencing token:  {}", fence(row.fencing_token))?;
     let stale = row.waiters.saturating_sub(queue.len());
     match (queue.len(), stale) {
@@ -203,13 +209,19 @@ pub(crate) async fn release(client: &distlock::Client, key: &str, yes: bool) -> 
                 format!("not releasing `{shown}`: standard input is not a terminal to confirm on; add --yes to release without asking"),
             ));
         }
+        let consequence = match row.state {
+            State::Running => {
+                "Force-releasing frees it now; the holder learns it at its next renewal and may act as holder until then."
+            }
+            State::Finished => "Its holder has finished: force-releasing frees it now, before min_hold would.",
+        };
         eprintln!(
-            "lock `{shown}` is held by {} ({}) for {}, lease left {}, fencing token {}, {} waiting.\n\
-             Force-releasing frees it now; the holder learns it at its next renewal and may act as holder until then.",
+            "lock `{shown}` is held by {} ({}) for {}, {}, lease left {}, fencing token {}, {} waiting.\n{consequence}",
             printable(&row.owner),
             printable(&row.metadata),
-            short(Duration::from_millis(row.held_for_ms as u64)),
-            short(Duration::from_millis(row.lease_left_ms as u64)),
+            short(row.held_for()),
+            row.state_text(),
+            short(row.lease_left()),
             fence(row.fencing_token),
             row.waiters,
         );

@@ -42,14 +42,34 @@ impl Failure {
 }
 
 impl From<distlock::LockError> for Failure {
-    /// The library's messages already hide passwords and say what to do.
+    /// The library's messages already hide passwords and say what to do, in the terms of its API: here they
+    /// name the tool's options instead.
     fn from(e: distlock::LockError) -> Self {
         let exit = match e {
             distlock::LockError::InvalidConfig(_) | distlock::LockError::InvalidKey { .. } => Exit::Usage,
             _ => Exit::Server,
         };
-        Self::new(exit, e.to_string())
+        Self::new(exit, in_cli_terms(&e.to_string()))
     }
+}
+
+/// What the library's hints call by its builder's names, and what the tool calls it.
+const CLI_TERMS: &[(&str, &str)] = &[
+    ("ClientBuilder::response_timeout", "--timeout"),
+    ("ClientBuilder::connect_timeout", "--timeout"),
+    ("ClientBuilder::key_prefix", "--prefix"),
+    ("ClientBuilder::sentinel_primary_password", "--password-stdin"),
+    ("ClientBuilder::redis_cluster(seeds)", "--cluster"),
+    ("ClientBuilder::redis talks to one Redis server", "without --cluster, --url names one Redis server"),
+    ("opt in with ClientBuilder::allow_insecure_tls(true)", "use a URL whose certificate can be checked"),
+    ("give it in the URL,", "give it with --password-stdin, or in the URL,"),
+    ("give it in the socket URL's query,", "give it with --password-stdin, or in the socket URL's query,"),
+    ("Client::force_unlock deletes it, as does `distlock release`", "`distlock release` deletes it"),
+];
+
+/// `message` with the library's builder and API names replaced by the tool's options.
+fn in_cli_terms(message: &str) -> String {
+    CLI_TERMS.iter().fold(message.to_owned(), |text, (library, cli)| text.replace(library, cli))
 }
 
 impl From<std::io::Error> for Failure {
@@ -155,6 +175,11 @@ enum Command {
         /// Stop after this many refreshes.
         #[arg(long, value_name = "N")]
         count: Option<u64>,
+        /// The changes as JSON lines, one object a line: `event` (held at the first look, acquired,
+        /// new_holder, finished, released, min_hold_over, expired), `time_ms` and the lock's fields as
+        /// `ls --json` gives them (as last seen, once gone).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -206,6 +231,29 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Ls { pattern, json, unsorted } => commands::ls(&client, &pattern, json, unsorted).await,
         Command::Show { key, json } => commands::show(&client, &key, json).await,
         Command::Release { key, yes } => commands::release(&client, &key, yes).await,
-        Command::Watch { pattern, interval, count } => watch::watch(&client, &pattern, interval, count).await,
+        Command::Watch { pattern, interval, count, json } => {
+            watch::watch(&client, &pattern, interval, count, json).await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_cli_terms;
+
+    /// The hints the library gives for a slow server, a missing password, another program's key and a
+    /// sentinel's password come out naming the tool's options.
+    #[test]
+    fn hints_name_the_tool_s_options() {
+        let cases = [
+            ("check that it is up and not overloaded, or raise ClientBuilder::response_timeout", "raise --timeout"),
+            ("give distlock a key prefix of its own (ClientBuilder::key_prefix)", "(--prefix)"),
+            ("the primary's with ClientBuilder::sentinel_primary_password", "the primary's with --password-stdin"),
+            ("the server requires a password: give it in the URL, redis://:PASSWORD@HOST:PORT/", "--password-stdin"),
+        ];
+        for (library, cli) in cases {
+            let text = in_cli_terms(library);
+            assert!(text.contains(cli) && !text.contains("ClientBuilder"), "{library:?} became {text:?}");
+        }
     }
 }

@@ -2,14 +2,34 @@
 //! record cannot drive the terminal) and JSON objects for scripts (durations in milliseconds, text as stored).
 
 use std::io::Write;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
+
+/// Whether a lock's holder is still at work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum State {
+    /// The holder has it (and renews it while it works).
+    Running,
+    /// The holder released it and `min_hold` keeps it held by nobody until its lease left runs out.
+    Finished,
+}
+
+impl State {
+    fn as_str(self) -> &'static str {
+        match self {
+            State::Running => "running",
+            State::Finished => "finished",
+        }
+    }
+}
 
 /// One held lock, as `ls`, `show` and `watch` print it.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Row {
     pub(crate) key: String,
+    pub(crate) state: State,
     pub(crate) owner: String,
     pub(crate) metadata: String,
     pub(crate) held_for_ms: u128,
@@ -24,6 +44,7 @@ impl Row {
     pub(crate) fn new(key: String, info: &distlock::LockInfo) -> Self {
         Self {
             key,
+            state: if info.kept_by_min_hold { State::Finished } else { State::Running },
             owner: info.owner.clone(),
             metadata: info.metadata.clone(),
             held_for_ms: info.held_for.as_millis(),
@@ -31,6 +52,29 @@ impl Row {
             fencing_token: info.fencing_token,
             waiters: info.waiting,
         }
+    }
+
+    /// The lease left, which for a finished lock is when it frees.
+    pub(crate) fn lease_left(&self) -> Duration {
+        Duration::from_millis(u64::try_from(self.lease_left_ms).unwrap_or(u64::MAX))
+    }
+
+    /// How long it has been held, since its grant.
+    pub(crate) fn held_for(&self) -> Duration {
+        Duration::from_millis(u64::try_from(self.held_for_ms).unwrap_or(u64::MAX))
+    }
+
+    /// "running", or "finished, kept until 14:03:22 UTC".
+    pub(crate) fn state_text(&self) -> String {
+        match self.state {
+            State::Running => "running".into(),
+            State::Finished => format!("finished, kept until {}", self.lease_end()),
+        }
+    }
+
+    /// When its lease left ends, as a time of day: `14:03:22 UTC`.
+    pub(crate) fn lease_end(&self) -> String {
+        format!("{} UTC", time_of_day(SystemTime::now() + self.lease_left()))
     }
 }
 
@@ -52,8 +96,9 @@ impl Table {
     pub(crate) fn header(&self, out: &mut impl Write) -> std::io::Result<()> {
         writeln!(
             out,
-            "{:<kw$}  {:>9}  {:>10}  {:>16}  {:>7}  {:<ow$}  METADATA",
+            "{:<kw$}  {:<8}  {:>9}  {:>10}  {:>16}  {:>7}  {:<ow$}  METADATA",
             "KEY",
+            "STATE",
             "HELD FOR",
             "LEASE LEFT",
             "FENCING TOKEN",
@@ -67,10 +112,11 @@ impl Table {
     pub(crate) fn row(&self, out: &mut impl Write, row: &Row) -> std::io::Result<()> {
         writeln!(
             out,
-            "{:<kw$}  {:>9}  {:>10}  {:>16}  {:>7}  {:<ow$}  {}",
+            "{:<kw$}  {:<8}  {:>9}  {:>10}  {:>16}  {:>7}  {:<ow$}  {}",
             printable(&row.key),
-            short(Duration::from_millis(row.held_for_ms as u64)),
-            short(Duration::from_millis(row.lease_left_ms as u64)),
+            row.state.as_str(),
+            short(row.held_for()),
+            short(row.lease_left()),
             fence(row.fencing_token),
             row.waiters,
             printable(&row.owner),
@@ -124,6 +170,12 @@ fn needs_escape(c: char) -> bool {
                 | '\u{fff9}'..='\u{fffb}'
                 | '\u{e0000}'..='\u{e007f}'
         )
+}
+
+/// The time of day of `at`, in UTC: `14:03:22`.
+pub(crate) fn time_of_day(at: SystemTime) -> String {
+    let secs = at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    format!("{:02}:{:02}:{:02}", secs / 3600 % 24, secs / 60 % 60, secs % 60)
 }
 
 /// `850ms`, `12.3s`, `4m05s`, `2h03m`, `3d04h`.

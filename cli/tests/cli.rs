@@ -1,81 +1,14 @@
 //! The `distlock` binary against real redis-server processes, with locks held by the library in the same test.
 
-use std::process::{Output, Stdio};
+mod common;
+
+use std::process::Stdio;
 use std::time::Duration;
 
+use common::{assert_exit, assert_one_error_line, client, distlock, stderr, stdout, watch_until, TTL};
 use distlock_tests::RedisServer;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-const TTL: Duration = Duration::from_secs(30);
-
-/// Runs `distlock ARGS`, with `stdin` as its standard input (none: `/dev/null`, so never a terminal).
-async fn distlock(args: &[&str], stdin: Option<&str>) -> Output {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_distlock"));
-    cmd.args(args).env_remove("REDIS_URL").stdout(Stdio::piped()).stderr(Stdio::piped());
-    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
-    let mut child = cmd.spawn().expect("run distlock");
-    if let Some(text) = stdin {
-        let mut pipe = child.stdin.take().expect("stdin");
-        pipe.write_all(text.as_bytes()).await.expect("write stdin");
-    }
-    tokio::time::timeout(Duration::from_secs(60), child.wait_with_output()).await.expect("distlock hung").expect("wait")
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-/// The exit code, with the output in the message when it is not `expected`.
-fn assert_exit(output: &Output, expected: i32) {
-    assert_eq!(
-        output.status.code(),
-        Some(expected),
-        "exit status {:?}\nstdout:\n{}\nstderr:\n{}",
-        output.status,
-        stdout(output),
-        stderr(output)
-    );
-}
-
-/// A failure prints exactly one line on stderr, and nothing on stdout.
-fn assert_one_error_line(output: &Output) -> String {
-    let err = stderr(output);
-    assert_eq!(err.lines().count(), 1, "stderr: {err}");
-    assert!(err.starts_with("distlock: "), "stderr: {err}");
-    assert!(output.stdout.is_empty(), "stdout: {}", stdout(output));
-    err
-}
-
-/// Starts `distlock ARGS` (a `watch`) with piped output, and reads until its output shows `needle`: the child,
-/// its standard output and what was read so far.
-async fn watch_until(args: &[&str], needle: &str) -> (tokio::process::Child, tokio::process::ChildStdout, Vec<u8>) {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_distlock"))
-        .args(args)
-        .env_remove("REDIS_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run distlock watch");
-    let mut out = child.stdout.take().expect("stdout");
-    let mut seen = Vec::new();
-    while !String::from_utf8_lossy(&seen).contains(needle) {
-        let mut buf = [0; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(30), out.read(&mut buf)).await.expect("first screen").unwrap();
-        assert!(n > 0, "watch ended early: {}", String::from_utf8_lossy(&seen));
-        seen.extend_from_slice(&buf[..n]);
-    }
-    (child, out, seen)
-}
-
-async fn client(url: &str, owner: &str) -> distlock::Client {
-    distlock::Client::builder().redis(url).owner(owner).build().await.expect("client")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ls_lists_held_locks_sorted_as_a_table_and_as_json() {

@@ -1,26 +1,19 @@
 //! The `distlock` binary on a Redis Cluster (every primary scanned), behind Sentinel and on Redlock, with locks
 //! held by the library in the same test.
 
-use std::process::{Output, Stdio};
-use std::time::Duration;
+mod common;
 
+use std::process::Output;
+
+use common::TTL;
 use distlock_tests::cluster::RedisCluster;
 use distlock_tests::sentinel::{SentinelGroup, SERVICE};
 use distlock_tests::RedisServer;
 use serde_json::Value;
 
-const TTL: Duration = Duration::from_secs(30);
-
+/// Runs `distlock ARGS` with nothing on its standard input.
 async fn distlock(args: &[&str]) -> Output {
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_distlock"))
-        .args(args)
-        .env_remove("REDIS_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run distlock");
-    tokio::time::timeout(Duration::from_secs(60), child.wait_with_output()).await.expect("distlock hung").expect("wait")
+    common::distlock(args, None).await
 }
 
 /// The keys `ls --json` lists, after checking it exited 0.

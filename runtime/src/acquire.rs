@@ -16,7 +16,6 @@ use crate::backend::{Announcement, Attempt, HandOver, Hold, LockKeys, Queueing, 
 use crate::grant::{Grant, Lease};
 use crate::hooks::{reverted, Fix};
 use crate::observe;
-use crate::request::LEASE_RAN_OUT;
 use crate::shutdown::Activity;
 use crate::{held, Client, LockError, LockGuard, LockRequest, LockToken, RetryStrategy};
 
@@ -90,8 +89,7 @@ pub(crate) async fn acquire_all(mut request: LockRequest) -> Result<LockGuard, L
     if several {
         guard.align_renewals();
         // An earlier key may have been lost while a later one was awaited: the guard would be born lost.
-        if let Some(key) = guard.lost_key() {
-            let lost = LockError::Lost { key: key.to_owned() };
+        if let Some(lost) = guard.loss() {
             return Err(abandon_partial(guard, lost, started).await);
         }
     }
@@ -105,8 +103,8 @@ fn nested_loss(grant: &Grant) -> Option<LockError> {
     if !grant.is_lost() {
         return None;
     }
-    grant.mark_lost(LEASE_RAN_OUT);
-    Some(LockError::Lost { key: grant.keys.name.clone() })
+    grant.mark_lost_by_clock();
+    Some(grant.lost_error())
 }
 
 /// The fast path for several keys: all of them in one call, if all are free with nobody queued. `None`, with
@@ -328,7 +326,7 @@ fn handed_over(keys: &LockKeys, fence: u64, started: Instant, how: &'static str)
     tracing::debug!(
         key = %keys.name,
         fencing_token = fence,
-        waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        waited_ms = observe::millis(started.elapsed()),
         how,
         "distlock: a waiter was handed the lock"
     );
@@ -449,6 +447,7 @@ mod tests {
             inner: Arc::new(ClientInner {
                 backend: Backend::Memory(store.clone()),
                 prefix: "t:".into(),
+                owner: "t".into(),
                 renewer: Default::default(),
                 shutdown: Default::default(),
             }),

@@ -33,6 +33,8 @@ pub struct Client {
 pub(crate) struct ClientInner {
     pub(crate) backend: Backend,
     pub(crate) prefix: String,
+    /// [`ClientBuilder::owner`], for the grant and release events.
+    pub(crate) owner: Arc<str>,
     pub(crate) renewer: Renewer,
     pub(crate) shutdown: Shutdown,
 }
@@ -61,6 +63,9 @@ pub struct LockInfo {
     /// How many requests are queued for the lock (on Redis, including places of waiters that stopped
     /// refreshing and will be skipped).
     pub waiting: usize,
+    /// Whether the holder has released the lock and [`LockRequest::min_hold`] keeps it held by nobody until
+    /// `remaining_ttl` runs out (the work is done; nothing renews it). `false` while the holder has it.
+    pub kept_by_min_hold: bool,
 }
 
 impl Client {
@@ -494,12 +499,13 @@ impl ClientBuilder {
                 let servers: Vec<String> = servers.into_iter().map(|RedisUrl(url)| url).collect();
                 Backend::Redlock(RedlockBackend::connect(&servers, settings).await?)
             }
-            StoreChoice::Memory => Backend::Memory(MemoryBackend::new(owner.into())),
+            StoreChoice::Memory => Backend::Memory(MemoryBackend::new(owner.as_str().into())),
         };
         Ok(Client {
             inner: Arc::new(ClientInner {
                 backend,
                 prefix: self.prefix,
+                owner: owner.into(),
                 renewer: Renewer::default(),
                 shutdown: Shutdown::default(),
             }),

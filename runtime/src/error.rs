@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::LockInfo;
+use crate::{LockInfo, LossReason};
 
 /// Everything that can go wrong when taking, keeping or giving back a lock.
 ///
@@ -34,8 +34,10 @@ pub enum LockError {
     )]
     AlreadyInstalled,
     /// Another holder kept the lock for the whole wait. More fields may come: match with `..`.
+    ///
+    /// Its message names the holder when it is known (owner, how long held, lease left, requests queued).
     #[non_exhaustive]
-    #[error("lock `{key}` is held by another owner; gave up after waiting {waited:?}")]
+    #[error("lock `{key}` {}; gave up after waiting {}", HolderText(holder.as_deref()), Millis(*waited))]
     NotObtained {
         /// The lock's key, as the caller named it.
         key: String,
@@ -44,11 +46,14 @@ pub enum LockError {
         /// Who held the lock when the wait ended, if it was still held then (see [`LockError::holder`]).
         holder: Option<Box<LockInfo>>,
     },
-    /// The lock was held but is no longer: its lease ran out before a renewal succeeded, or another owner took it.
-    #[error("lock `{key}` was lost: its lease ran out or another owner took it; the work done under it may have overlapped with another holder")]
+    /// The lock was held but is no longer; `reason` says why. More fields may come: match with `..`.
+    #[non_exhaustive]
+    #[error("lock `{key}` was lost: {reason}; the work done under it may have overlapped with another holder")]
     Lost {
         /// The lock's key, as the caller named it.
         key: String,
+        /// Why it was lost.
+        reason: LossReason,
     },
     /// The backend (Redis) failed or did not answer in time.
     #[error(transparent)]
@@ -135,6 +140,49 @@ impl LockError {
             LockError::Backend(e) => e.is_transient(),
             LockError::NotReplicated { .. } => true,
             _ => false,
+        }
+    }
+}
+
+/// "is held by …" for a busy lock's message: the holder when known.
+struct HolderText<'a>(Option<&'a LockInfo>);
+
+impl fmt::Display for HolderText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some(holder) = self.0 else { return f.write_str("is held by another owner") };
+        let queued = match holder.waiting {
+            0 => String::new(),
+            n => format!(", {n} queued"),
+        };
+        if holder.kept_by_min_hold {
+            write!(
+                f,
+                "was released by {:?} and min_hold keeps it {} more (held for {}{queued})",
+                holder.owner,
+                Millis(holder.remaining_ttl),
+                Millis(holder.held_for)
+            )
+        } else {
+            write!(
+                f,
+                "is held by {:?} (for {}, lease left {}{queued})",
+                holder.owner,
+                Millis(holder.held_for),
+                Millis(holder.remaining_ttl)
+            )
+        }
+    }
+}
+
+/// A duration rounded to the millisecond, as `Duration`'s `Debug` shows it: `0ms`, `850ms`, `1.25s`.
+pub(crate) struct Millis(pub(crate) Duration);
+
+impl fmt::Display for Millis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match u64::try_from(self.0.as_millis()) {
+            Ok(0) => f.write_str("0ms"),
+            Ok(ms) => write!(f, "{:?}", Duration::from_millis(ms)),
+            Err(_) => write!(f, "{:?}", self.0),
         }
     }
 }
@@ -346,7 +394,39 @@ fn secret_query_value(url: &str) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::redact_url;
+    use std::time::Duration;
+
+    use super::{redact_url, LockError};
+    use crate::LockInfo;
+
+    /// Issue 34: a busy lock's message names the holder when it is known, and says it finished when `min_hold`
+    /// keeps it; durations are shown to the millisecond.
+    #[test]
+    fn a_busy_message_names_the_holder_when_known() {
+        let busy =
+            |holder| LockError::NotObtained { key: "job".into(), waited: Duration::from_micros(5_000_400), holder };
+        assert_eq!(busy(None).to_string(), "lock `job` is held by another owner; gave up after waiting 5s");
+        let info = LockInfo {
+            owner: "web-3".into(),
+            metadata: String::new(),
+            fencing_token: 7,
+            held_for: Duration::from_millis(1250),
+            remaining_ttl: Duration::from_micros(8_750_900),
+            waiting: 2,
+            kept_by_min_hold: false,
+        };
+        assert_eq!(
+            busy(Some(Box::new(info.clone()))).to_string(),
+            "lock `job` is held by \"web-3\" (for 1.25s, lease left 8.75s, 2 queued); gave up after waiting 5s"
+        );
+        let evil = LockInfo { owner: "evil\u{1b}[2J".into(), ..info.clone() };
+        assert!(busy(Some(Box::new(evil))).to_string().contains("\"evil\\u{1b}[2J\""), "control characters escaped");
+        let kept = LockInfo { kept_by_min_hold: true, waiting: 0, ..info };
+        assert_eq!(
+            busy(Some(Box::new(kept))).to_string(),
+            "lock `job` was released by \"web-3\" and min_hold keeps it 8.75s more (held for 1.25s); gave up after waiting 5s"
+        );
+    }
 
     #[test]
     fn redacts_passwords_only() {

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::backend::{LockKeys, Store};
 use crate::hooks::{reverted, Fix};
 use crate::shutdown::Activity;
-use crate::{Client, LockError, LockToken, ReleaseOutcome};
+use crate::{Client, LockError, LockToken, LossReason, ReleaseOutcome};
 
 /// The allowance for clock-rate drift between this process and Redis: 1% of the lease plus 2 ms.
 pub(crate) fn drift(ttl: Duration) -> Duration {
@@ -45,6 +45,8 @@ pub(crate) struct Lease {
     pub(crate) renew_at: Instant,
     /// Known lost: a renewal or extend said so, or `valid_until` passed without one.
     pub(crate) lost: bool,
+    /// Why, once known (the first reason found; a grant finished by its holder has none).
+    pub(crate) why: Option<LossReason>,
     /// The server said this token no longer holds the lock: there is nothing left to release.
     pub(crate) gone: bool,
 }
@@ -53,7 +55,7 @@ impl Lease {
     /// The server gave this token `lease` in answer to a request sent at `sent`; renewals ask for `ttl`.
     pub(crate) fn granted(ttl: Duration, sent: Instant, lease: Duration) -> Self {
         let valid_until = sent + lease.saturating_sub(drift(lease));
-        Self { ttl, since: sent, valid_until, renew_at: sent + lease / 3, lost: false, gone: false }
+        Self { ttl, since: sent, valid_until, renew_at: sent + lease / 3, lost: false, why: None, gone: false }
     }
 
     pub(crate) fn is_lost(&self) -> bool {
@@ -195,27 +197,53 @@ impl Grant {
     }
 
     /// Marks the grant lost (once; later calls do nothing) and wakes everyone waiting on `lost()`.
-    pub(crate) fn mark_lost(&self, why: &str) {
+    pub(crate) fn mark_lost(&self, why: LossReason) {
         self.lose(why, false);
     }
 
     /// Marks the grant lost because the server said its token no longer holds the lock: nothing to release.
-    pub(crate) fn mark_gone(&self, why: &str) {
+    pub(crate) fn mark_gone(&self, why: LossReason) {
         self.lose(why, true);
     }
 
-    fn lose(&self, why: &str, gone: bool) {
+    /// Marks the grant lost, if its lease ran out by the clock alone (nothing had marked it yet), so that the
+    /// loss is reported and counted once, as one the renewer found.
+    pub(crate) fn mark_lost_by_clock(&self) {
+        if self.is_lost() {
+            self.mark_lost(self.clock_reason());
+        }
+    }
+
+    /// [`LockError::Lost`] for this grant, with why it was lost (or, not lost yet, why it would be if its
+    /// lease ran out now).
+    pub(crate) fn lost_error(&self) -> LockError {
+        let reason = self.lease().why.unwrap_or_else(|| self.clock_reason());
+        LockError::Lost { key: self.keys.name.clone(), reason }
+    }
+
+    /// Why a lease ran out that nothing reported lost: `max_hold` stopped its renewals, or none was answered.
+    fn clock_reason(&self) -> LossReason {
+        if self.max_hold_until.is_some_and(|cap| Instant::now() >= cap) {
+            LossReason::MaxHold
+        } else {
+            LossReason::NotRenewedInTime
+        }
+    }
+
+    fn lose(&self, why: LossReason, gone: bool) {
         let mut lease = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
         let newly = !lease.lost;
         let changed = newly || (gone && !lease.gone);
         lease.lost = true;
+        lease.why.get_or_insert(why);
         lease.gone |= gone;
         lease.valid_until = lease.valid_until.min(Instant::now());
         drop(lease);
         // Reported before anyone waiting on `lost()` is woken, so that whoever sees the loss finds it reported.
+        // The reason once, as a field: the message stays the same for every loss, for searching.
         if newly && !self.is_finished() {
             crate::observe::lost();
-            tracing::warn!(key = %self.keys.name, token = %self.token, why, "distlock: lock lost: {why}");
+            tracing::warn!(key = %self.keys.name, token = %self.token, why = %why, "distlock: lock lost");
         }
         if changed {
             self.lease_changed.notify_waiters();
@@ -302,9 +330,9 @@ impl Grant {
     /// guard and body are told it is lost, then it is released. Afterwards it reads as gone, so the guard's own
     /// release sends nothing.
     pub(crate) async fn release_for_shutdown(&self) {
-        self.mark_lost("the client is shutting down; its grace period ended with the lock still held");
+        self.mark_lost(LossReason::ShutDown);
         match self.release().await {
-            Ok(_) => self.mark_gone("released by the client's shutdown"),
+            Ok(_) => self.mark_gone(LossReason::ShutDown),
             Err(e) => {
                 tracing::warn!(key = %self.keys.name, error = %e, "distlock: shutdown could not release a lock; it frees when its lease runs out");
             }
@@ -323,14 +351,19 @@ impl Grant {
                 done.await;
             }
         }
+        let mut keep = None;
         let outcome = if self.lease().gone || (reverted(Fix::ReleaseLostByClock) && self.lease().is_lost()) {
             Ok(ReleaseOutcome::Expired)
         } else {
-            let keep = self.keep_after_release();
+            keep = self.keep_after_release();
             self.client.inner.backend.release(&self.keys, &self.token, keep).await
         };
-        if let Ok(outcome @ (ReleaseOutcome::Expired | ReleaseOutcome::TakenByOther)) = outcome {
-            tracing::warn!(key = %self.keys.name, ?outcome, "distlock: released a lock that was no longer held");
+        match outcome {
+            Ok(outcome @ (ReleaseOutcome::Expired | ReleaseOutcome::TakenByOther)) => {
+                tracing::warn!(key = %self.keys.name, ?outcome, "distlock: released a lock that was no longer held");
+            }
+            Ok(outcome) => crate::observe::released(self, outcome, keep),
+            Err(_) => {}
         }
         outcome
     }
@@ -338,7 +371,7 @@ impl Grant {
     /// Sets the lease to `ttl` from now (see [`LockGuard::extend`](crate::LockGuard::extend)).
     pub(crate) async fn extend(self: &Arc<Self>, ttl: Duration) -> Result<(), LockError> {
         let grant = self;
-        let lost = || LockError::Lost { key: grant.keys.name.clone() };
+        let lost = || grant.lost_error();
         // Declared before the ticket, so that it acts after the ticket is dropped.
         let mut unanswered = Unanswered(None);
         // One command setting the lease at a time: a renewal in flight with the old ttl comes back first.
@@ -377,11 +410,11 @@ impl Grant {
                 Ok(())
             }
             Ok(true) => {
-                grant.mark_lost("extend came back after the lease had run out");
+                grant.mark_lost(LossReason::NotRenewedInTime);
                 Err(lost())
             }
             Ok(false) => {
-                grant.mark_gone("extend found the lock gone or taken");
+                grant.mark_gone(LossReason::Refused);
                 Err(lost())
             }
             Err(e) if !serialized => Err(e),

@@ -115,9 +115,13 @@ impl LockGuard {
     }
 
     /// The first key's grant (the simulation watches single-key guards through it).
-    #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
     pub(crate) fn grant(&self) -> &Arc<Grant> {
         &self.first().grant
+    }
+
+    /// The grants of the keys this guard took itself (not nested ones), in the keys' order.
+    pub(crate) fn owned_grants(&self) -> impl Iterator<Item = &Grant> {
+        self.parts.iter().filter(|p| !p.nested).map(|p| &*p.grant)
     }
 
     /// Every key's grant, in the keys' order.
@@ -143,15 +147,13 @@ impl LockGuard {
     /// Marks lost every key whose lease ran out by the clock alone (the renewer had not noticed yet), so that
     /// the loss is reported and counted once, as one the renewer found. Nested keys too: their loss is the
     /// outer grant's, which reports it once, whichever guard finds it first.
-    pub(crate) fn mark_lost_by_clock(&self, why: &str) {
-        for part in self.parts.iter().filter(|p| p.grant.is_lost()) {
-            part.grant.mark_lost(why);
-        }
+    pub(crate) fn mark_lost_by_clock(&self) {
+        self.parts.iter().for_each(|p| p.grant.mark_lost_by_clock());
     }
 
-    /// The first key known lost, if any.
-    pub(crate) fn lost_key(&self) -> Option<&str> {
-        self.parts.iter().find(|p| p.grant.is_lost()).map(|p| p.grant.keys.name.as_str())
+    /// [`LockError::Lost`] for the first key known lost, if any.
+    pub(crate) fn loss(&self) -> Option<LockError> {
+        self.parts.iter().find(|p| p.grant.is_lost()).map(|p| p.grant.lost_error())
     }
 
     fn first(&self) -> &Part {

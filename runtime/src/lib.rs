@@ -52,6 +52,9 @@
 //! - **`metrics`**: counters, histograms and gauges of acquisitions, losses, renewals, holds and store calls
 //!   through the [`metrics`](https://docs.rs/metrics) facade (install any recorder); see
 //!   [Observability](#observability).
+//! - **`axum`**: `IntoResponse` for [`LockError`] (axum 0.8, through `axum-core` and `http` only): 409 with
+//!   `Retry-After` for a busy lock, 503 with `Retry-After` while shutting down or for transient errors, 500
+//!   otherwise; see [`LockError::http_status`] and [`LockError::retry_after`], which any framework can use.
 //! - **`simulation`**: not for users and not covered by semver: the deterministic simulation of the lock
 //!   engine (a simulated store, seeded faults, paused time) that this repository's tests drive; it turns on
 //!   tokio's `test-util`.
@@ -119,11 +122,16 @@
 //! - [`LockRequest::acquire`] and [`LockRequest::try_acquire`]: the span covers the acquisition only, from the
 //!   call until it returns; the guard's hold and release are not in it.
 //!
-//! Events: a lock lost (WARN, target `distlock::grant`, with `key`, `why` and the token redacted), a renewal
-//! failed and retried (DEBUG, `distlock::renewer`), a release that found the lock no longer held (WARN, with
-//! the [`ReleaseOutcome`]), [`Client::force_unlock`] (INFO), a waiter handed the lock by a release (DEBUG,
-//! with its fencing token and `how` it learnt of it). Tokens are never printed whole, only their first 8
-//! characters. `RUST_LOG=distlock=debug` (with `tracing-subscriber`'s `EnvFilter`) shows all of them.
+//! Events: a lock granted and a lock released (DEBUG, target `distlock`, in the lock's span where there is one:
+//! `key`, `owner`, `fencing_token`, and `waited_ms` or `held_ms`, the release's `outcome` and, with
+//! [`LockRequest::min_hold`], `kept_by_min_hold_ms`), a lock lost (WARN, target `distlock::grant`, with `key`,
+//! `why` (the [`LossReason`]) and the token redacted), a renewal failed and retried (DEBUG,
+//! `distlock::renewer`), a release that found the lock no longer held (WARN, with the [`ReleaseOutcome`]),
+//! [`Client::force_unlock`] (INFO), a waiter handed the lock by a release (DEBUG, with its fencing token and
+//! `how` it learnt of it). Tokens are never printed whole, only their first 8 characters.
+//! `RUST_LOG=distlock=debug` (with `tracing-subscriber`'s `EnvFilter`) shows all of them; the span's own
+//! line, with its outcome and how long it took, needs the subscriber's span events (`fmt`'s
+//! `with_span_events(FmtSpan::CLOSE)`).
 //!
 //! ```
 //! use tracing::Instrument;
@@ -174,7 +182,9 @@ mod grant;
 mod guard;
 mod held;
 mod hooks;
+mod http_answers;
 mod listing;
+mod loss;
 mod observe;
 mod request;
 mod token;
@@ -199,6 +209,7 @@ pub use distlock_macros::distributed_lock;
 pub use error::{BackendError, LockError};
 pub use guard::{current_lock, LockGuard, ReleaseOutcome};
 pub use listing::{LockListing, LockWaiter, MAX_WAITERS_LISTED};
+pub use loss::LossReason;
 pub use request::{LockRequest, OnLost, RetryStrategy};
 pub use token::LockToken;
 

@@ -4,10 +4,13 @@
 //! without the feature every metric hook is an empty inline function. Labels come from small fixed sets: never
 //! a key, which is unbounded.
 
+use std::time::Duration;
+
 use tracing::field::Empty;
 use tracing::Span;
 
-use crate::LockError;
+use crate::grant::Grant;
+use crate::{LockError, LockGuard, ReleaseOutcome};
 
 /// The span of one lock body (`run`, the attribute) or acquisition (`acquire`), a child of the current span.
 /// `fencing_token` and `waited_ms` are recorded once granted, `outcome` at the end.
@@ -139,9 +142,54 @@ mod enabled {
 
 pub(crate) use enabled::*;
 
-/// Whether anything needs the time an acquisition took: metrics, or a subscriber interested in `span`.
+/// Whether anything needs the time an acquisition took: metrics, a subscriber interested in `span`, or one
+/// interested in the grant event.
 pub(crate) fn wants_timing(span: &Span) -> bool {
-    cfg!(feature = "metrics") || !span.is_disabled()
+    cfg!(feature = "metrics") || !span.is_disabled() || tracing::enabled!(target: "distlock", tracing::Level::DEBUG)
+}
+
+/// A duration in whole milliseconds, for fields.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The DEBUG event of a grant, one per key the request took from the store (nested keys were taken by the
+/// lock body around it). Fields are evaluated only when a subscriber wants the event. Its target is `distlock`,
+/// like the span's, so its message needs no `distlock:` of its own (`fmt` prints `distlock: lock granted`).
+#[inline]
+pub(crate) fn granted(guard: &LockGuard, waited: Option<Duration>) {
+    // One check for the whole guard, inlined: with nobody listening the lock path pays a load and a branch.
+    if tracing::enabled!(target: "distlock", tracing::Level::DEBUG) {
+        granted_events(guard, waited);
+    }
+}
+
+fn granted_events(guard: &LockGuard, waited: Option<Duration>) {
+    for grant in guard.owned_grants() {
+        tracing::debug!(
+            target: "distlock",
+            key = %grant.keys.name,
+            owner = %grant.client.inner.owner,
+            fencing_token = grant.fence,
+            waited_ms = waited.map(millis),
+            "lock granted"
+        );
+    }
+}
+
+/// The DEBUG event of a release that freed the lock (`outcome` `Released`, or `Unconfirmed` after a resend),
+/// or left it to `min_hold` for `kept`.
+pub(crate) fn released(grant: &Grant, outcome: ReleaseOutcome, kept: Option<Duration>) {
+    tracing::debug!(
+        target: "distlock",
+        key = %grant.keys.name,
+        owner = %grant.client.inner.owner,
+        fencing_token = grant.fence,
+        held_ms = millis(grant.acquired_at.elapsed()),
+        kept_by_min_hold_ms = kept.map(millis),
+        ?outcome,
+        "lock released"
+    );
 }
 
 /// `$call` (a store call's `.await`ed expression), timed into `distlock_backend_call_seconds{op = $op}` with the

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::backend::{Renewal, Store};
 use crate::grant::{Grant, InFlight, Lease, QueueKey};
-use crate::observe;
+use crate::{observe, LossReason};
 
 /// Schedules renewals for the grants of one client.
 #[derive(Debug, Default)]
@@ -164,7 +164,7 @@ async fn renew_batch(grants: Vec<Arc<Grant>>, renewer: Weak<Shared>) {
             continue;
         }
         if sent >= lease.valid_until {
-            grant.mark_lost("no renewal succeeded before the lease ran out");
+            grant.mark_lost(LossReason::NotRenewedInTime);
             continue;
         }
         if grant.max_hold_until.is_some_and(|cap| sent >= cap) {
@@ -213,7 +213,7 @@ async fn renew_round(sending: Vec<Sending<'_>>, sent: Instant, renewer: &Weak<Sh
         let next = if arrived >= lease.valid_until {
             // Too late to count: a lock seen lost never comes back.
             observe::renewal("lost");
-            grant.mark_lost("no renewal succeeded before the lease ran out");
+            grant.mark_lost(LossReason::NotRenewedInTime);
             None
         } else {
             observe::renewal(match renewed {
@@ -235,7 +235,7 @@ async fn renew_round(sending: Vec<Sending<'_>>, sent: Instant, renewer: &Weak<Sh
                     Some(grant.lease().renew_at)
                 }
                 Ok(false) => {
-                    grant.mark_gone("a renewal found the lock gone or taken by another owner");
+                    grant.mark_gone(LossReason::Refused);
                     None
                 }
                 Err(error) => {
@@ -256,7 +256,7 @@ async fn renew_round(sending: Vec<Sending<'_>>, sent: Instant, renewer: &Weak<Sh
 async fn expire(grant: Arc<Grant>, valid_until: Instant) {
     tokio::time::sleep_until(valid_until).await;
     if !grant.is_finished() {
-        grant.mark_lost("max_hold reached: renewals stopped and the lease ran out");
+        grant.mark_lost(LossReason::MaxHold);
     }
 }
 

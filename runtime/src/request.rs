@@ -13,8 +13,6 @@ use crate::{held, observe, Client, LockError, LockGuard};
 const MIN_TTL: Duration = Duration::from_millis(100);
 /// The longest lease accepted: far inside what Redis's PEXPIRE can represent.
 const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 4);
-/// Why a lock body's lock was lost when the clock alone says so (nothing marked it lost before).
-pub(crate) const LEASE_RAN_OUT: &str = "the lease ran out before a renewal succeeded";
 /// Keys longer than this are almost surely a bug (a whole document rendered into a key).
 const MAX_KEY_BYTES: usize = 1024;
 
@@ -338,11 +336,14 @@ impl LockRequest {
         // Even a disabled span looks its fields up by name when recording: skipped when nobody listens.
         if !span.is_disabled() {
             if let Some(waited) = waited.filter(|_| matches!(result, Ok(_) | Err(LockError::NotObtained { .. }))) {
-                span.record("waited_ms", u64::try_from(waited.as_millis()).unwrap_or(u64::MAX));
+                span.record("waited_ms", observe::millis(waited));
             }
             if let Ok(guard) = &result {
                 span.record("fencing_token", guard.fencing_token());
             }
+        }
+        if let Ok(guard) = &result {
+            observe::granted(guard, waited);
         }
         observe::acquired(&result, waited);
         result
@@ -437,9 +438,9 @@ impl LockRequest {
         // that it is reported and counted once, like one the renewer found (also when a nested guard sees the
         // outer grant's loss first: the grant reports it, once).
         let lost = |guard: &LockGuard| {
-            guard.mark_lost_by_clock(LEASE_RAN_OUT);
+            guard.mark_lost_by_clock();
             observe::record_outcome(&span, Ok(true));
-            LockError::Lost { key: guard.lost_key().unwrap_or(guard.key()).to_owned() }
+            guard.loss().unwrap_or_else(|| guard.grant().lost_error())
         };
         if guard.is_lost() {
             // Lost before the body's first poll (e.g. a shutdown's grace ended, or a nested request's outer
@@ -535,7 +536,7 @@ async fn watched<F: Future + ?Sized>(
     // (Under `OnLost::Abort` the body's end was checked above.)
     let lost_under_body = on_lost == OnLost::Continue && guard.is_lost();
     if lost_under_body {
-        guard.mark_lost_by_clock(LEASE_RAN_OUT);
+        guard.mark_lost_by_clock();
     }
     Some((output, lost_under_body))
 }

@@ -191,7 +191,7 @@ async fn lost_lock_drops_the_body_and_returns_lost() {
     assert_eq!(removed, 1, "the record existed while the body ran");
     let started = Instant::now();
     let outcome = timeout(BOUND, call).await.expect("call ends well before the body would").expect("no panic");
-    assert!(matches!(&outcome, Err(LockError::Lost { key }) if key == "lossy:1"), "got {outcome:?}");
+    assert!(matches!(&outcome, Err(LockError::Lost { key, .. }) if key == "lossy:1"), "got {outcome:?}");
     assert!(started.elapsed() < Duration::from_secs(3), "loss noticed within about a renewal interval");
     assert!(dropped.load(Ordering::SeqCst), "the body future was dropped");
     assert!(!finished.load(Ordering::SeqCst), "the body ran to completion without the lock");

@@ -62,7 +62,7 @@ async fn s03_starved_executor_guard_invalid_by_its_deadline_no_late_revival() {
     within(secs(1), "lost() after the deadline", guard.lost()).await;
     assert!(guard.is_lost());
     match guard.extend(ttl).await {
-        Err(LockError::Lost { key }) => assert_eq!(key, KEY),
+        Err(LockError::Lost { key, .. }) => assert_eq!(key, KEY),
         other => panic!("extend revived a lock past its deadline: {other:?}"),
     }
     let mut conn = fx.redis_connection().unwrap();
@@ -105,7 +105,7 @@ async fn s03_run_whose_body_outlives_its_lease_reports_lost() {
         })
         .await;
     match result {
-        Err(LockError::Lost { key }) => assert_eq!(key, KEY),
+        Err(LockError::Lost { key, .. }) => assert_eq!(key, KEY),
         other => panic!("a body that outlived its lease ({ttl:?}) by 300 ms returned {other:?}"),
     }
 }

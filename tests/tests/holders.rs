@@ -17,6 +17,7 @@ distlock_tests::all_backends!(
     held_for_counts_from_the_grant_through_renewals,
     hand_over_is_a_new_grant_of_the_heirs,
     busy_error_names_the_holders_owner_and_hold_time,
+    a_finished_lock_kept_by_min_hold_says_so,
     attribute_metadata_templates_render_into_the_record,
 );
 
@@ -133,7 +134,33 @@ async fn busy_error_names_the_holders_owner_and_hold_time(fx: Fixture) {
     assert_eq!(seen.fencing_token, held.fencing_token());
     assert!(seen.held_for + CLOCKS >= ms(300), "held through the whole wait: {seen:?}");
     assert!(seen.held_for <= before_grant.elapsed() + CLOCKS, "{seen:?} within {:?}", before_grant.elapsed());
+    assert!(!seen.kept_by_min_hold, "{seen:?}");
+    // Issue 34: the message names the holder too.
+    let message = error.to_string();
+    assert!(
+        message.starts_with("lock `busy-owner` is held by \"holder-a\" (for ")
+            && message.contains(", lease left ")
+            && message.contains("; gave up after waiting "),
+        "{message}"
+    );
     held.release().await.expect("release");
+}
+
+/// Issue 34: a lock whose holder finished, kept by `min_hold`, reads as such (`LockInfo::kept_by_min_hold`),
+/// and a busy error's message says so instead of naming it held; a running one does not.
+async fn a_finished_lock_kept_by_min_hold_says_so(fx: Fixture) {
+    const KEY: &str = "kept";
+    let client = fx.client_with(|b| b.owner("cron-a")).await;
+    let running = client.lock(KEY).ttl(secs(30)).min_hold(secs(20)).acquire().await.expect("acquire");
+    assert!(!info(&client, KEY).await.kept_by_min_hold, "running");
+    running.release().await.expect("release");
+    let kept = info(&client, KEY).await;
+    assert!(kept.kept_by_min_hold && kept.remaining_ttl <= secs(20), "{kept:?}");
+    assert_eq!(kept.owner, "cron-a");
+    let busy = client.lock(KEY).acquire().await.expect_err("kept");
+    let message = busy.to_string();
+    assert!(message.starts_with("lock `kept` was released by \"cron-a\" and min_hold keeps it "), "{message}");
+    assert!(client.force_unlock(KEY).await.expect("force unlock"));
 }
 
 /// A job, shown in keys by its name.

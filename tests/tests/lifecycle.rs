@@ -175,7 +175,7 @@ async fn lost_lock_cancels_body(fx: Fixture) {
     let noticed = vanished_at.elapsed();
 
     match result {
-        Err(LockError::Lost { key }) => assert_eq!(key, KEY),
+        Err(LockError::Lost { key, .. }) => assert_eq!(key, KEY),
         other => panic!("expected Err(Lost), got {other:?}"),
     }
     assert!(dropped.load(Ordering::SeqCst), "the body was not dropped");

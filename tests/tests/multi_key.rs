@@ -351,7 +351,7 @@ async fn losing_one_key_loses_the_whole_lock(fx: Fixture) {
             std::future::pending::<()>().await;
         })
         .await;
-    assert!(matches!(outcome, Err(LockError::Lost { ref key }) if key == "lose:d"), "{outcome:?}");
+    assert!(matches!(outcome, Err(LockError::Lost { ref key, .. }) if key == "lose:d"), "{outcome:?}");
     assert_eq!(ran_on.load(Ordering::SeqCst), 1);
     // `run` returns as soon as the loss is seen; the guard it drops releases in the background, at once.
     eventually(secs(10), "lose:c released after the body", || async {

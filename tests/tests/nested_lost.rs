@@ -92,7 +92,7 @@ async fn lost_then_taken_by_c(fx: &Fixture, keys: &[&str]) -> LockGuard {
 /// Asserts that `result` is `LockError::Lost` naming `key`.
 fn assert_lost<T: std::fmt::Debug>(what: &str, key: &str, result: Result<T, LockError>) {
     assert!(
-        matches!(&result, Err(LockError::Lost { key: lost }) if lost == key),
+        matches!(&result, Err(LockError::Lost { key: lost, .. }) if lost == key),
         "{what}, nested in a body whose grant of {key:?} is lost: expected Err(Lost {{ key: {key:?} }}), got {result:?}"
     );
 }

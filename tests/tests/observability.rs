@@ -8,8 +8,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use distlock::{current_lock, distributed_lock, with_client, LockError, OnLost, ReleaseOutcome};
+use distlock::{current_lock, distributed_lock, with_client, LockError, LossReason, OnLost, ReleaseOutcome};
 use distlock_tests::logs::{self, Logs, SpanLine};
+use distlock_tests::sys::Stopped;
 use distlock_tests::time::{ms, secs};
 use distlock_tests::{both_backends, eventually, within, Fixture};
 use tracing::{Instrument, Level};
@@ -123,7 +124,11 @@ async fn a_lost_lock_is_a_lost_outcome_and_a_warning(fx: Fixture) {
         let outcome =
             within(secs(10), "the loss is noticed", client.lock(&key).ttl(ms(900)).on_lost(on_lost).run(body));
         match on_lost {
-            OnLost::Abort => assert!(matches!(outcome.await, Err(LockError::Lost { .. }))),
+            OnLost::Abort => {
+                let lost = outcome.await.unwrap_err();
+                assert!(matches!(lost, LockError::Lost { reason: LossReason::Refused, .. }), "{lost:?}");
+                assert!(lost.to_string().contains("a renewal was refused"), "{lost}");
+            }
             _ => outcome.await.expect("OnLost::Continue returns the body's output"),
         }
 
@@ -138,7 +143,9 @@ async fn a_lost_lock_is_a_lost_outcome_and_a_warning(fx: Fixture) {
         let lost: Vec<_> = lines.iter().filter(key_of).filter(|l| l.text.starts_with("distlock: lock lost")).collect();
         let [lost] = lost.as_slice() else { panic!("one loss warning: {lost:?}\n{}", logs.dump()) };
         assert_eq!(lost.level, Level::WARN);
-        assert!(lost.fields["why"].contains("gone"), "why: {lost:?}");
+        // The reason once, in its field (issue 34: the message repeated it).
+        assert_eq!(lost.fields["why"], LossReason::Refused.to_string());
+        assert_eq!(lost.text.matches("refused").count(), 1, "the reason printed once: {lost}");
         assert_eq!(lost.fields["token"], format!("{}…", &token[..8]), "redacted");
 
         let forced: Vec<_> = lines.iter().filter(key_of).filter(|l| l.text.contains("force unlock")).collect();
@@ -194,7 +201,87 @@ async fn a_waiter_handed_the_lock_is_a_debug_event(fx: Fixture) {
     assert_never_printed(logs, guard.token().expose_secret());
 }
 
+/// The events of `key` whose text starts with `message`.
+fn events_of(logs: &Logs, key: &str, message: &str) -> Vec<logs::LogLine> {
+    logs.lines()
+        .into_iter()
+        .filter(|l| l.text.starts_with(message) && l.fields.get("key").map(String::as_str) == Some(key))
+        .collect()
+}
+
+/// Issue 34: a grant and a release are DEBUG events (target `distlock`) in the lock's span, with the key, the
+/// owner, the fencing token, the wait and the hold; a release left to `min_hold` says for how long.
+async fn grant_and_release_are_debug_events(fx: Fixture) {
+    let logs = logs::capture();
+    let client = fx.client_with(|b| b.owner("obs-owner")).await;
+    let key = format!("obs:cycle-{:?}", fx.backend());
+    let fence = client.lock(&key).ttl(secs(10)).run(async { current_lock().expect("held").fencing_token() }).await;
+    let fence = fence.expect("the body ran").to_string();
+    let spans = lock_spans(logs, &key);
+    let [span] = spans.as_slice() else { panic!("one lock span: {spans:?}") };
+    for message in ["lock granted", "lock released"] {
+        let lines = events_of(logs, &key, message);
+        let [line] = lines.as_slice() else { panic!("one {message:?}: {lines:?}\n{}", logs.dump()) };
+        assert_eq!((line.level, line.target.as_str()), (Level::DEBUG, "distlock"), "{line}");
+        assert_eq!(line.fields["owner"], "obs-owner", "{line}");
+        assert_eq!(line.fields["fencing_token"], fence, "{line}");
+        assert_eq!(line.span, Some(span.index), "in the lock span: {line}");
+    }
+    let granted = &events_of(logs, &key, "lock granted")[0];
+    assert!(granted.fields["waited_ms"].parse::<u64>().expect("ms") < 10_000, "{granted}");
+    let released = &events_of(logs, &key, "lock released")[0];
+    assert!(released.fields["held_ms"].parse::<u64>().expect("ms") < 10_000, "{released}");
+    assert_eq!(released.fields["outcome"], "Released");
+    assert!(!released.fields.contains_key("kept_by_min_hold_ms"), "{released}");
+
+    let kept = format!("obs:kept-{:?}", fx.backend());
+    let guard = client.lock(&kept).ttl(secs(10)).min_hold(secs(5)).acquire().await.expect("free");
+    let token = guard.token().expose_secret().to_owned();
+    guard.release().await.expect("release");
+    let lines = events_of(logs, &kept, "lock released");
+    let [released] = lines.as_slice() else { panic!("one release: {lines:?}") };
+    let kept_ms: u64 = released.fields["kept_by_min_hold_ms"].parse().expect("ms");
+    assert!((4_000..=5_000).contains(&kept_ms), "{released}");
+    assert_eq!(released.span, None, "acquire's span ended with the acquisition");
+    assert_never_printed(logs, &token);
+}
+
+/// The WARN of a lost lock, with its reason in `why`, and the `Lost` error's reason.
+fn assert_lost_with(logs: &Logs, key: &str, error: &LockError, reason: LossReason) {
+    assert!(matches!(error, LockError::Lost { reason: r, .. } if *r == reason), "{error:?}, expected {reason:?}");
+    assert!(error.to_string().contains(&reason.to_string()), "{error}");
+    let lines = events_of(logs, key, "distlock: lock lost");
+    let [warning] = lines.as_slice() else { panic!("one loss warning: {lines:?}\n{}", logs.dump()) };
+    assert_eq!((warning.level, warning.fields["why"].as_str()), (Level::WARN, reason.to_string().as_str()));
+}
+
+/// Issue 34: `Lost` says why, and so does the WARN: `max_hold` reached, and a shutdown's grace ended.
+async fn a_lost_lock_says_why(fx: Fixture) {
+    let logs = logs::capture();
+    let key = format!("obs:max-hold-{:?}", fx.backend());
+    let capped = fx.client().lock(&key).ttl(ms(300)).max_hold(ms(100)).run(tokio::time::sleep(secs(30)));
+    let error = within(secs(10), "max_hold ends it", capped).await.unwrap_err();
+    assert_lost_with(logs, &key, &error, LossReason::MaxHold);
+
+    let key = format!("obs:shutdown-{:?}", fx.backend());
+    let client = fx.client_with(|b| b).await;
+    // Shut down once the body runs (the record shows a moment before the acquisition returns, and a grant
+    // that returns into a shutdown is given back as `ShuttingDown`).
+    let (running, started) = tokio::sync::oneshot::channel();
+    let body = async move {
+        let _ = running.send(());
+        std::future::pending::<()>().await
+    };
+    let body = tokio::spawn(client.lock(&key).ttl(secs(10)).run(body));
+    within(secs(10), "the body runs", started).await.expect("the body started");
+    client.shutdown(ms(100)).await;
+    let error = within(secs(10), "the body ends", body).await.expect("task").unwrap_err();
+    assert_lost_with(logs, &key, &error, LossReason::ShutDown);
+}
+
 both_backends!(
+    grant_and_release_are_debug_events,
+    a_lost_lock_says_why,
     attribute_span_is_a_child_of_the_callers_span,
     acquire_span_covers_the_acquisition,
     a_lost_lock_is_a_lost_outcome_and_a_warning,
@@ -213,4 +300,21 @@ async fn an_unconfigured_attribute_is_an_error_outcome() {
     assert_eq!(span.field("outcome"), Some("error"));
     assert_eq!(span.field("function"), Some(concat!(module_path!(), "::locked")));
     assert_eq!((span.field("fencing_token"), span.field("waited_ms")), (None, None));
+}
+
+/// Issue 34: a lock whose server stopped answering (SIGSTOP) is lost for want of a renewal answered in time,
+/// and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_nobody_renews_in_time_says_so() {
+    let logs = logs::capture();
+    let fx = Fixture::redis().await;
+    let client = fx.client_with(|b| b.response_timeout(ms(200))).await;
+    let key = "obs:unanswered";
+    let body = async {
+        let stopped = Stopped::stop(fx.server().and_then(|s| s.pid()).expect("running"));
+        current_lock().expect("held").lost().await;
+        stopped
+    };
+    let error = within(secs(10), "the loss", client.lock(key).ttl(ms(600)).run(body)).await.unwrap_err();
+    assert_lost_with(logs, key, &error, LossReason::NotRenewedInTime);
 }

@@ -149,7 +149,9 @@ async fn shutdown_stops_waiters_releases_holders_and_leaves_nothing(fx: Fixture)
         let outcome = within(secs(10), "a holder's run returns", holder).await.expect("holder task");
         match outcome {
             Ok(value) => assert!(i < FINISHING && value == i, "body {i} returned {value}"),
-            Err(LockError::Lost { key: lost }) => assert!(i >= FINISHING && lost == key(i), "body {i}: lost {lost}"),
+            Err(LockError::Lost { key: lost, .. }) => {
+                assert!(i >= FINISHING && lost == key(i), "body {i}: lost {lost}")
+            }
             Err(e) => panic!("body {i}: {e}"),
         }
     }

@@ -174,7 +174,7 @@ async fn max_hold_stops_a_body_that_hangs() {
     let outcome = tokio::time::timeout(Duration::from_secs(10), with_client(client.clone(), hangs()))
         .await
         .expect("max_hold ended the call");
-    assert!(matches!(outcome, Err(LockError::Lost { ref key }) if key == "hangs"), "{outcome:?}");
+    assert!(matches!(outcome, Err(LockError::Lost { ref key, .. }) if key == "hangs"), "{outcome:?}");
     let again = client.lock("hangs").wait(Duration::from_secs(5)).acquire().await;
     assert!(again.is_ok(), "the lock frees once the capped lease runs out: {again:?}");
 }

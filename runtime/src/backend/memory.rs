@@ -363,6 +363,7 @@ impl Store for MemoryBackend {
             held_for: now.saturating_duration_since(r.granted),
             remaining_ttl: r.expires_at.saturating_duration_since(now),
             waiting,
+            kept_by_min_hold: r.token.is_none(),
         }))
     }
 

@@ -450,6 +450,7 @@ impl Sim {
             inner: Arc::new(ClientInner {
                 backend,
                 prefix: PREFIX.into(),
+                owner: format!("client-{index}").into(),
                 renewer: Default::default(),
                 shutdown: Default::default(),
             }),

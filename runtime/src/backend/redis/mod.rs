@@ -436,16 +436,16 @@ impl Store for RedisBackend {
         remaining_of(pttl).map_err(|e| self.error(keys, e))
     }
 
-    /// INFO replies `{holder, fence, µs since the grant, PTTL, queue length}`: the script splits the record
+    /// INFO replies `{holder, fence, µs since the grant, PTTL, queue length, kept by min_hold}`: the script splits the record
     /// `<token><mark><fence>:<granted>:<holder>` (scripts.rs, "The record"), sends everything but the token, and
     /// the grant's age by the server's clock; the holder field is split here.
     async fn info(&self, keys: &LockKeys) -> Result<Option<LockInfo>, LockError> {
-        let info: Option<(String, u64, i64, i64, usize)> = self
+        let info: Option<(String, u64, i64, i64, usize, u8)> = self
             .eval(&INFO, keys, |c| {
                 c.arg(1).arg(&keys.record);
             })
             .await?;
-        let Some((holder, fencing_token, held_us, pttl, waiting)) = info else { return Ok(None) };
+        let Some((holder, fencing_token, held_us, pttl, waiting, kept)) = info else { return Ok(None) };
         let (owner, metadata) = split_holder(&holder).ok_or_else(|| self.error(keys, unexpected_reply()))?;
         Ok(Some(LockInfo {
             owner: owner.to_owned(),
@@ -455,6 +455,7 @@ impl Store for RedisBackend {
             held_for: Duration::from_micros(held_us.max(0) as u64),
             remaining_ttl: Duration::from_millis(pttl.max(0) as u64),
             waiting,
+            kept_by_min_hold: kept == 1,
         }))
     }
 

@@ -120,7 +120,8 @@ impl Window {
         match self.next_probe {
             None => self.next_probe = Some(now + base * PROBE_EVERY),
             Some(at) if now >= at => {
-                tracing::debug!(
+                // TRACE: it comes every few hundred calls, and says nothing about any lock.
+                tracing::trace!(
                     window = self.size,
                     ?base,
                     ?round_trip,
