@@ -113,7 +113,7 @@ impl<C: Clone + Send + Sync + 'static> Rebuilding<C> {
             return;
         }
         *last = Some(Instant::now());
-        match tokio::time::timeout(self.connect_timeout * 2, (self.connect)()).await {
+        match tokio::time::timeout(self.connect_timeout, (self.connect)()).await {
             Ok(Ok(connection)) => {
                 *self.current.write().unwrap_or_else(PoisonError::into_inner) = connection;
                 tracing::warn!(server = %self.server, "distlock: calls failed; reconnected and looked up the servers again");

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 
 use super::connect::manager_config;
 use super::link::Link;
-use super::Timeouts;
+use super::{timeout_error, Timeouts};
 use crate::backend::{Announcement, ReleaseWatch, WAKE_ALL};
 use crate::LockToken;
 
@@ -162,7 +162,12 @@ impl Subscriber {
                 let config =
                     manager_config(self.timeouts).set_push_sender(self.push_handler()).set_automatic_resubscription();
                 let client = redis::Client::open(info)?;
-                ConnectionManager::new_with_config(client, config).await.map(Link::One)
+                let connect = ConnectionManager::new_with_config(client, config);
+                // Bounded as the command connection's is: the crate retries a failed attempt, each bounded alone.
+                match tokio::time::timeout(self.timeouts.connect, connect).await {
+                    Ok(connected) => connected.map(Link::One),
+                    Err(_) => Err(timeout_error("connect")),
+                }
             })
             .await
             .cloned()
