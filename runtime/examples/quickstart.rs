@@ -54,6 +54,7 @@ async fn build(id: u64, worker: usize, work: Duration) -> Result<(), AppError> {
     let token = distlock::current_lock().expect("inside the lock body").fencing_token();
     println!("  worker {worker}: building report {id} under fencing token {token}");
     tokio::time::sleep(work).await; // the slow part
+
     // Still holding the lock: it is released when this body returns.
     println!("  worker {worker}: built report {id}; releasing report:{id}");
     Ok(())
