@@ -5,22 +5,12 @@ use std::time::Duration;
 
 use distlock_tests::RedisServer;
 use serde_json::Value;
+use support::{command, distlock};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const TTL: Duration = Duration::from_secs(30);
+mod support;
 
-/// Runs `distlock ARGS`, with `stdin` as its standard input (none: `/dev/null`, so never a terminal).
-async fn distlock(args: &[&str], stdin: Option<&str>) -> Output {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_distlock"));
-    cmd.args(args).env_remove("REDIS_URL").stdout(Stdio::piped()).stderr(Stdio::piped());
-    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
-    let mut child = cmd.spawn().expect("run distlock");
-    if let Some(text) = stdin {
-        let mut pipe = child.stdin.take().expect("stdin");
-        pipe.write_all(text.as_bytes()).await.expect("write stdin");
-    }
-    tokio::time::timeout(Duration::from_secs(60), child.wait_with_output()).await.expect("distlock hung").expect("wait")
-}
+const TTL: Duration = Duration::from_secs(30);
 
 fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
@@ -54,14 +44,7 @@ fn assert_one_error_line(output: &Output) -> String {
 /// Starts `distlock ARGS` (a `watch`) with piped output, and reads until its output shows `needle`: the child,
 /// its standard output and what was read so far.
 async fn watch_until(args: &[&str], needle: &str) -> (tokio::process::Child, tokio::process::ChildStdout, Vec<u8>) {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_distlock"))
-        .args(args)
-        .env_remove("REDIS_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run distlock watch");
+    let mut child = command(args).spawn().expect("run distlock watch");
     let mut out = child.stdout.take().expect("stdout");
     let mut seen = Vec::new();
     while !String::from_utf8_lossy(&seen).contains(needle) {

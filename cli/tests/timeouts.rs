@@ -1,31 +1,23 @@
 //! Issue 34: `--timeout` bounds connecting as `--help` says, against a server stopped with SIGSTOP (its kernel
 //! accepts the connection; nothing answers). `distlock ls` took twice the timeout (4 s for the default 2 s).
 
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use distlock_tests::sys::Stopped;
 use distlock_tests::RedisServer;
+use support::distlock;
+
+mod support;
 
 /// Scheduling slack on a loaded 2-core machine, process start included; less than the second timeout the
 /// old bound added.
 const SLACK: Duration = Duration::from_secs(1);
 
-/// Runs `distlock ARGS` (no `$REDIS_URL`, no standard input): its output, and how long it ran.
+/// Runs `distlock ARGS`: its output, and how long it ran.
 async fn timed_distlock(args: &[&str]) -> (Output, Duration) {
     let start = Instant::now();
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_distlock"))
-        .args(args)
-        .env_remove("REDIS_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run distlock");
-    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
-        .await
-        .expect("distlock hung")
-        .expect("wait for distlock");
+    let output = distlock(args, None).await;
     (output, start.elapsed())
 }
 

@@ -1,27 +1,18 @@
 //! The `distlock` binary on a Redis Cluster (every primary scanned), behind Sentinel and on Redlock, with locks
 //! held by the library in the same test.
 
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
 use distlock_tests::cluster::RedisCluster;
 use distlock_tests::sentinel::{SentinelGroup, SERVICE};
 use distlock_tests::RedisServer;
 use serde_json::Value;
+use support::distlock;
+
+mod support;
 
 const TTL: Duration = Duration::from_secs(30);
-
-async fn distlock(args: &[&str]) -> Output {
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_distlock"))
-        .args(args)
-        .env_remove("REDIS_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run distlock");
-    tokio::time::timeout(Duration::from_secs(60), child.wait_with_output()).await.expect("distlock hung").expect("wait")
-}
 
 /// The keys `ls --json` lists, after checking it exited 0.
 fn listed_keys(output: &Output) -> Vec<String> {
@@ -44,15 +35,15 @@ async fn on_a_cluster_every_primary_is_listed() {
         names.iter().map(|n| cluster.primary_for(&client.record_key(n))).collect();
     assert!(primaries.len() >= 2, "the locks all landed on one primary: {primaries:?}");
 
-    let listed = distlock(&["--cluster", "--url", &seeds[0], "ls", "c:*", "--json"]).await;
+    let listed = distlock(&["--cluster", "--url", &seeds[0], "ls", "c:*", "--json"], None).await;
     assert_eq!(listed_keys(&listed), names);
 
-    let shown = distlock(&["--cluster", "--url", &seeds[1], "show", "c:07"]).await;
+    let shown = distlock(&["--cluster", "--url", &seeds[1], "show", "c:07"], None).await;
     assert_eq!(shown.status.code(), Some(0), "{}", String::from_utf8_lossy(&shown.stderr));
-    let released = distlock(&["--cluster", "--url", &seeds[2], "release", "c:07", "--yes"]).await;
+    let released = distlock(&["--cluster", "--url", &seeds[2], "release", "c:07", "--yes"], None).await;
     assert_eq!(released.status.code(), Some(0), "{}", String::from_utf8_lossy(&released.stderr));
     assert!(client.lock_info("c:07").await.unwrap().is_none());
-    let listed = distlock(&["--cluster", "--url", &seeds[0], "ls", "c:*", "--json"]).await;
+    let listed = distlock(&["--cluster", "--url", &seeds[0], "ls", "c:*", "--json"], None).await;
     assert_eq!(listed_keys(&listed).len(), names.len() - 1);
 }
 
@@ -68,7 +59,7 @@ async fn behind_sentinel_the_primary_is_listed() {
         args.extend(["--url", url.as_str()]);
     }
     args.extend(["ls", "--json"]);
-    assert_eq!(listed_keys(&distlock(&args).await), ["s:a", "s:b"]);
+    assert_eq!(listed_keys(&distlock(&args, None).await), ["s:a", "s:b"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,11 +73,11 @@ async fn on_redlock_each_lock_is_listed_once() {
     for url in &urls {
         args.extend(["--url", url.as_str()]);
     }
-    let table = distlock(&[args.as_slice(), &["ls"]].concat()).await;
+    let table = distlock(&[args.as_slice(), &["ls"]].concat(), None).await;
     assert_eq!(table.status.code(), Some(0), "{}", String::from_utf8_lossy(&table.stderr));
     assert!(
         String::from_utf8_lossy(&table.stdout).lines().nth(1).is_some_and(|l| l.contains("  -  ")),
         "no fencing token"
     );
-    assert_eq!(listed_keys(&distlock(&[args.as_slice(), &["ls", "--json"]].concat()).await), ["r:a", "r:b"]);
+    assert_eq!(listed_keys(&distlock(&[args.as_slice(), &["ls", "--json"]].concat(), None).await), ["r:a", "r:b"]);
 }
