@@ -69,13 +69,15 @@ mod tests {
     /// The suggestion for a URL without a scheme is a URL the client accepts, with one `/` before the database.
     #[test]
     fn a_url_without_scheme_is_suggested_with_one() {
-        assert_eq!(with_scheme("localhost:6390"), "redis://localhost:6390/");
-        assert_eq!(with_scheme("localhost:6390/"), "redis://localhost:6390/");
-        assert_eq!(with_scheme("cache.internal:6379/2"), "redis://cache.internal:6379/2");
-        assert_eq!(with_scheme("/run/redis/redis.sock"), "redis+unix:///run/redis/redis.sock");
-        for url in ["localhost:6390", "localhost:6390/", "cache.internal:6379/2", "/run/redis/redis.sock"] {
-            use redis::IntoConnectionInfo;
-            assert!(with_scheme(url).as_str().into_connection_info().is_ok(), "{url}: {}", with_scheme(url));
+        use redis::IntoConnectionInfo;
+        for (typed, suggested) in [
+            ("localhost:6390", "redis://localhost:6390/"),
+            ("localhost:6390/", "redis://localhost:6390/"),
+            ("cache.internal:6379/2", "redis://cache.internal:6379/2"),
+            ("/run/redis/redis.sock", "redis+unix:///run/redis/redis.sock"),
+        ] {
+            assert_eq!(with_scheme(typed), suggested);
+            assert!(suggested.into_connection_info().is_ok(), "{suggested} is not a URL the client accepts");
         }
     }
 
