@@ -166,7 +166,7 @@ impl Subscriber {
                 // Bounded as the command connection's is: the crate retries a failed attempt, each bounded alone.
                 match tokio::time::timeout(self.timeouts.connect, connect).await {
                     Ok(connected) => connected.map(Link::One),
-                    Err(_) => Err(timeout_error("connect")),
+                    Err(_) => Err(timeout_error("no connection for release announcements within the connect timeout")),
                 }
             })
             .await
