@@ -408,8 +408,9 @@ impl ClientBuilder {
     /// allow for the sentinels that may hang). It bounds every connection the client makes — at `build()`, for
     /// release announcements, and again after a reset — so `build()` against a server that does not answer
     /// (stopped, overloaded, or behind a firewall that drops packets) fails after it, with a
-    /// [`BackendError`](crate::BackendError) whose [`is_timeout`](crate::BackendError::is_timeout) is true.
-    /// Default 2 s.
+    /// [`BackendError`](crate::BackendError) whose [`is_timeout`](crate::BackendError::is_timeout) is true. On a
+    /// Redis Cluster it is each node's: connecting to the seeds, then to the nodes of the slot map they give,
+    /// takes up to twice it, so that one hung node does not fail the whole. Default 2 s.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {

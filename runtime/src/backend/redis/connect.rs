@@ -67,14 +67,23 @@ impl RedisBackend {
             .max_retry_wait(500)
             .build()
             .map_err(|e| url_error(&server, &e))?;
-        let conn = bounded_connect(&server, timeouts, client.get_async_connection())
-            .await?
-            .map_err(|e| connect_error(&server, timeouts, e))?;
+        // The redis crate connects to the seeds, then to the nodes of the slot map it reads (one hung node costs a
+        // connect timeout in each step): a cluster's whole connection is given twice the timeout.
+        let limit = timeouts.connect * 2;
+        let conn = match tokio::time::timeout(limit, client.get_async_connection()).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) if !timed_out(&e) => return Err(BackendError::new(&server, None, e).into()),
+            _ => {
+                return Err(
+                    BackendError::with_hint(&server, cluster_timed_out(timeouts), timeout_error("timed out")).into()
+                )
+            }
+        };
         let connect: link::Connect<redis::cluster_async::ClusterConnection> = Box::new(move || {
             let client = client.clone();
             Box::pin(async move { client.get_async_connection().await })
         });
-        let link = Rebuilding::new(conn, connect, link::cluster_stale, timeouts.connect, server.clone());
+        let link = Rebuilding::new(conn, connect, link::cluster_stale, limit, server.clone());
         link.on_rebuilt(subscriber.after_reconnect());
         let link = Link::Cluster(link);
         subscriber.use_connection(link.clone());
@@ -257,8 +266,8 @@ pub(super) async fn bounded_connect<T>(
     tokio::time::timeout(timeouts.connect, connect).await.map_err(|_| connect_timed_out(server, timeouts))
 }
 
-/// A failure to connect to one server or a cluster; a timeout is the connect timeout's (the redis crate's own
-/// attempt, bounded by it too, may end first).
+/// A failure to connect to one server; a timeout is the connect timeout's (the redis crate's own attempt,
+/// bounded by it too, may end first).
 fn connect_error(server: &str, timeouts: Timeouts, e: redis::RedisError) -> BackendError {
     match timed_out(&e) {
         true => connect_timed_out(server, timeouts),
@@ -266,8 +275,8 @@ fn connect_error(server: &str, timeouts: Timeouts, e: redis::RedisError) -> Back
     }
 }
 
-/// Whether `e` is a timeout: a cluster's initial connection that timed out is reported as "Failed to create
-/// initial connections - Io: timed out", an error whose kind is not one.
+/// Whether `e` is a timeout: a cluster's seeds that all timed out are reported as "Failed to create initial
+/// connections - Io: timed out", an error whose kind is not one.
 fn timed_out(e: &redis::RedisError) -> bool {
     e.is_timeout() || e.to_string().contains("timed out")
 }
@@ -287,6 +296,16 @@ fn connect_timed_out(server: &str, timeouts: Timeouts) -> BackendError {
         timeouts.connect
     );
     BackendError::with_hint(server, hint, timeout_error("timed out"))
+}
+
+/// What to do when a cluster's nodes did not answer.
+fn cluster_timed_out(timeouts: Timeouts) -> String {
+    format!(
+        "no connection within the connect timeout ({:?}), which each node's connection is given (the seeds', \
+         then those of the nodes in the slot map they give: twice it in all): check that the nodes are up, \
+         reachable, not stopped and not overloaded, or raise ClientBuilder::connect_timeout",
+        timeouts.connect
+    )
 }
 
 pub(super) fn manager_config(timeouts: Timeouts) -> ConnectionManagerConfig {

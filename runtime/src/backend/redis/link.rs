@@ -48,7 +48,8 @@ pub(super) struct Rebuilding<C> {
     stale: fn(&RedisError) -> bool,
     /// When the last rebuild started; one at a time, at most one per [`MIN_REBUILD_INTERVAL`].
     last_rebuild: tokio::sync::Mutex<Option<Instant>>,
-    connect_timeout: Duration,
+    /// How long making a new connection may take.
+    connect_limit: Duration,
     /// Told after each rebuild (the subscriber resubscribes and makes its waiters retry).
     on_rebuilt: OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// Where it connects, password redacted, for the log.
@@ -77,7 +78,7 @@ impl<C: Clone + Send + Sync + 'static> Rebuilding<C> {
         connection: C,
         connect: Connect<C>,
         stale: fn(&RedisError) -> bool,
-        connect_timeout: Duration,
+        connect_limit: Duration,
         server: String,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -85,7 +86,7 @@ impl<C: Clone + Send + Sync + 'static> Rebuilding<C> {
             connect,
             stale,
             last_rebuild: tokio::sync::Mutex::new(None),
-            connect_timeout,
+            connect_limit,
             on_rebuilt: OnceLock::new(),
             server,
         })
@@ -113,7 +114,7 @@ impl<C: Clone + Send + Sync + 'static> Rebuilding<C> {
             return;
         }
         *last = Some(Instant::now());
-        match tokio::time::timeout(self.connect_timeout, (self.connect)()).await {
+        match tokio::time::timeout(self.connect_limit, (self.connect)()).await {
             Ok(Ok(connection)) => {
                 *self.current.write().unwrap_or_else(PoisonError::into_inner) = connection;
                 tracing::warn!(server = %self.server, "distlock: calls failed; reconnected and looked up the servers again");
