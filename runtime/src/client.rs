@@ -407,13 +407,43 @@ impl ClientBuilder {
         self
     }
 
-    /// How long connecting may take. Default 2 s.
+    /// How long connecting may take, all of it: TCP, TLS and the handshake, with the redis crate's retries of a
+    /// refused attempt; behind Sentinel also asking the sentinels for the primary (the redis crate gives each
+    /// sentinel, and its check of the primary named, 1 s to connect and 500 ms to answer, then asks the next:
+    /// allow for the sentinels that may hang). It bounds every connection the client makes — at `build()`, for
+    /// release announcements, and again after a reset — so `build()` against a server that does not answer
+    /// (stopped, overloaded, or behind a firewall that drops packets) fails after it, with a
+    /// [`BackendError`](crate::BackendError) whose [`is_timeout`](crate::BackendError::is_timeout) is true. On a
+    /// Redis Cluster it is each node's: connecting to the seeds, then to the nodes of the slot map they give,
+    /// takes up to twice it, so that one hung node does not fail the whole. Default 2 s.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// use std::time::Duration;
+    /// let builder = distlock::Client::builder()
+    ///     .redis("redis://cache.internal:6379/")
+    ///     .connect_timeout(Duration::from_millis(500)); // build() gives up on connecting after 500 ms
+    /// # drop(builder); Ok(()) }
+    /// ```
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.timeouts.connect = timeout;
         self
     }
 
-    /// How long any one Redis call may take before it fails with a timeout. Default 2 s.
+    /// How long any one Redis call may take before it fails with a timeout (a
+    /// [`BackendError`](crate::BackendError) whose [`is_timeout`](crate::BackendError::is_timeout) is true).
+    /// Each call is bounded, not a whole operation: `build()` makes several (PING, `INFO`, the probe lock), and
+    /// an acquire with a `wait` as many as its wait needs. Default 2 s.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// use std::time::Duration;
+    /// let builder = distlock::Client::builder()
+    ///     .redis("redis://cache.internal:6379/")
+    ///     .connect_timeout(Duration::from_secs(1))
+    ///     .response_timeout(Duration::from_millis(500));
+    /// # drop(builder); Ok(()) }
+    /// ```
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.timeouts.response = timeout;
         self

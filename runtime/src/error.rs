@@ -59,8 +59,10 @@ pub enum LockError {
     #[error(transparent)]
     Backend(#[from] BackendError),
     /// With [`ClientBuilder::wait_for_replicas`](crate::ClientBuilder::wait_for_replicas): fewer replicas than
-    /// required acknowledged the grant in time, so a failover could lose it. It was given back.
-    #[error("lock `{key}` was granted but only {acknowledged} of {required} replicas acknowledged it in time; it was given back. Check the replicas' health and lag, or lower the requirement")]
+    /// required acknowledged the grant in time, so a failover could lose it. It was given back. At
+    /// [`ClientBuilder::build`](crate::ClientBuilder::build), whose check of the server takes a probe lock, `key`
+    /// is `"the startup check"`.
+    #[error("{}", not_replicated(.key, *.acknowledged, *.required))]
     NotReplicated {
         /// The lock's key, as the caller named it.
         key: String,
@@ -185,6 +187,22 @@ impl fmt::Display for Millis {
             Err(_) => write!(f, "{:?}", self.0),
         }
     }
+}
+
+/// [`LockError::NotReplicated`]'s message; at `build()` it speaks of the startup check, not of a lock.
+fn not_replicated(key: &str, acknowledged: u32, required: u32) -> String {
+    if key == crate::backend::STARTUP_CHECK {
+        return format!(
+            "the startup check failed: ClientBuilder::build takes and gives back a probe lock, and only \
+             {acknowledged} of {required} replicas acknowledged its grant in time, as they would every grant \
+             (wait_for_replicas): check that the server has {required} replicas connected and in sync (INFO \
+             replication on it), or lower the requirement"
+        );
+    }
+    format!(
+        "lock `{key}` was granted but only {acknowledged} of {required} replicas acknowledged it in time; it was \
+         given back. Check the replicas' health and lag, or lower the requirement"
+    )
 }
 
 /// A failed or timed-out call to the backend, with the lock and server it concerned and what to do about it.

@@ -168,10 +168,12 @@
 //! | `distlock_waiting` | gauge | — | requests of this process waiting for a busy lock |
 
 #![warn(missing_docs, unreachable_pub)]
+// docs.rs (Cargo.toml's `package.metadata.docs.rs`) marks the items a feature gates.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 /// The README, whose code blocks (the Tour among them) run as doc tests, so it cannot drift from the API.
 #[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
+#[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
 mod acquire;

@@ -80,6 +80,9 @@ async fn a_url_without_scheme_shows_the_accepted_forms() {
     let e = build_error("localhost:6379").await;
     assert!(matches!(e, LockError::InvalidConfig(_)), "{e:?}");
     assert_says(&e, &["did you mean redis://localhost:6379/", "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]"], "\0");
+    // Issue 34: with a trailing slash, the suggestion has one slash, not two.
+    let e = build_error("localhost:6390/").await;
+    assert_says(&e, &["did you mean redis://localhost:6390/ ?"], "6390//");
     let e = build_error("redis://:pw-secret@[::1").await;
     assert_says(&e, &["accepted forms", "rediss://"], "pw-secret");
 }

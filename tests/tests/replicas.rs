@@ -38,7 +38,13 @@ async fn grants_are_on_the_replica_when_acquire_returns() {
 async fn a_primary_without_the_replicas_fails_at_build() {
     let lonely = RedisServer::new();
     match acknowledged_client(&lonely).await {
-        Err(LockError::NotReplicated { acknowledged: 0, required: 1, .. }) => {}
+        Err(e @ LockError::NotReplicated { acknowledged: 0, required: 1, .. }) => {
+            // Issue 34: the message speaks of the startup check, not of a lock with an internal name.
+            let message = e.to_string();
+            assert!(message.starts_with("the startup check failed: "), "{message}");
+            assert!(message.contains("only 0 of 1 replicas acknowledged"), "{message}");
+            assert!(!message.contains("lock `") && !message.contains("distlock:"), "{message}");
+        }
         other => panic!("a primary without replicas was accepted: {other:?}"),
     }
 }

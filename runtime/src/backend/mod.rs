@@ -47,7 +47,7 @@ impl LockKeys {
     /// every lock's key space: `<prefix>startup-check{<token>}`, where a lock's record is `<prefix>{<key>}`, so no
     /// key a program locks can name it, and no listing shows it. Its own hash tag keeps its keys in one slot.
     pub(crate) fn startup_check(prefix: &str, token: &str) -> Self {
-        Self { name: "the startup check".to_owned(), record: format!("{prefix}startup-check{{{token}}}") }
+        Self { name: STARTUP_CHECK.to_owned(), record: format!("{prefix}startup-check{{{token}}}") }
     }
 
     /// `<prefix>{<key>}:released`: the pub/sub channel hand-overs are announced on (the scripts append the
@@ -56,6 +56,9 @@ impl LockKeys {
         format!("{}{CHANNEL}", self.record)
     }
 }
+
+/// The startup check's name in messages, where a lock's key would be.
+pub(crate) const STARTUP_CHECK: &str = "the startup check";
 
 /// How long the in-process store keeps a lock's last fencing token after its grant's lease: the next token is
 /// `max(last + 1, the clock in µs)`, so past this the clock alone keeps tokens rising, and no state of a

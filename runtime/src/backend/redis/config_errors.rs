@@ -15,11 +15,23 @@ pub(super) fn url_error(server: &str, e: &redis::RedisError) -> LockError {
          distlock = { version = \"0.1\", features = [\"tls\"] }"
             .to_owned()
     } else if !server.contains("://") {
-        format!("it has no scheme (did you mean redis://{server}/ ?); the accepted forms are {URL_FORMS}")
+        format!("it has no scheme (did you mean {} ?); the accepted forms are {URL_FORMS}", with_scheme(server))
     } else {
         format!("it is not a Redis URL the client understands ({text}); the accepted forms are {URL_FORMS}")
     };
     LockError::InvalidConfig(format!("cannot use Redis URL {server}: {why}"))
+}
+
+/// What a URL typed without a scheme was probably meant to be: a socket's path, or a host with its port and
+/// perhaps its database (`localhost:6390/` is `redis://localhost:6390/`, not `redis://localhost:6390//`).
+fn with_scheme(server: &str) -> String {
+    if server.starts_with('/') {
+        format!("redis+unix://{server}")
+    } else if server.contains('/') {
+        format!("redis://{server}")
+    } else {
+        format!("redis://{server}/")
+    }
 }
 
 /// `SELECT` was refused: name the index, and the server's `databases` setting when a connection to
@@ -52,7 +64,22 @@ pub(super) async fn database_error(
 
 #[cfg(test)]
 mod tests {
-    use super::url_error;
+    use super::{url_error, with_scheme};
+
+    /// The suggestion for a URL without a scheme is a URL the client accepts, with one `/` before the database.
+    #[test]
+    fn a_url_without_scheme_is_suggested_with_one() {
+        use redis::IntoConnectionInfo;
+        for (typed, suggested) in [
+            ("localhost:6390", "redis://localhost:6390/"),
+            ("localhost:6390/", "redis://localhost:6390/"),
+            ("cache.internal:6379/2", "redis://cache.internal:6379/2"),
+            ("/run/redis/redis.sock", "redis+unix:///run/redis/redis.sock"),
+        ] {
+            assert_eq!(with_scheme(typed), suggested);
+            assert!(suggested.into_connection_info().is_ok(), "{suggested} is not a URL the client accepts");
+        }
+    }
 
     /// `rediss://` in a build without TLS support names distlock's feature and the Cargo line. (The workspace's
     /// own test build has TLS on, through the bench, so the redis crate's error is made here.)

@@ -29,15 +29,12 @@ impl RedisBackend {
         let info = connection_info(url, &server)?;
         let client = redis::Client::open(info.clone()).map_err(|e| url_error(&server, &e))?;
         let connect = ConnectionManager::new_with_config(client, manager_config(timeouts));
-        let connected = tokio::time::timeout(timeouts.connect * 2, connect)
-            .await
-            .map_err(|_| BackendError::new(&server, None, timeout_error("connect")))?;
-        let mut commands = match connected {
+        let mut commands = match bounded_connect(&server, timeouts, connect).await? {
             Ok(commands) => commands,
             Err(e) if e.to_string().contains("DB index is out of range") => {
                 return Err(database_error(&server, &info, e, timeouts).await.into())
             }
-            Err(e) => return Err(BackendError::new(&server, None, e).into()),
+            Err(e) => return Err(connect_error(&server, timeouts, e).into()),
         };
         let pong: String =
             redis::cmd("PING").query_async(&mut commands).await.map_err(|e| BackendError::new(&server, None, e))?;
@@ -72,15 +69,23 @@ impl RedisBackend {
             .max_retry_wait(500)
             .build()
             .map_err(|e| url_error(&server, &e))?;
-        let conn = tokio::time::timeout(timeouts.connect * 2, client.get_async_connection())
-            .await
-            .map_err(|_| BackendError::new(&server, None, timeout_error("connect")))?
-            .map_err(|e| BackendError::new(&server, None, e))?;
+        // The redis crate connects to the seeds, then to the nodes of the slot map it reads (one hung node costs a
+        // connect timeout in each step): a cluster's whole connection is given twice the timeout.
+        let limit = timeouts.connect * 2;
+        let conn = match tokio::time::timeout(limit, client.get_async_connection()).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) if !timed_out(&e) => return Err(BackendError::new(&server, None, e).into()),
+            _ => {
+                return Err(
+                    BackendError::with_hint(&server, cluster_timed_out(timeouts), timeout_error("timed out")).into()
+                )
+            }
+        };
         let connect: link::Connect<redis::cluster_async::ClusterConnection> = Box::new(move || {
             let client = client.clone();
             Box::pin(async move { client.get_async_connection().await })
         });
-        let link = Rebuilding::new(conn, connect, link::cluster_stale, timeouts.connect, server.clone(), epoch.clone());
+        let link = Rebuilding::new(conn, connect, link::cluster_stale, limit, server.clone(), epoch.clone());
         link.on_rebuilt(subscriber.after_reconnect());
         let link = Link::new(Conn::Cluster(link), epoch);
         subscriber.use_connection(link.clone());
@@ -129,16 +134,18 @@ impl RedisBackend {
                 ConnectionManager::new_with_config(primary, config).await
             })
         });
-        let conn = match tokio::time::timeout(timeouts.connect * 2, connect()).await {
-            Err(_) => return Err(BackendError::new(&server, None, timeout_error("connect")).into()),
-            Ok(Err(e)) if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel => {
+        let conn = match bounded_connect(&server, timeouts, connect()).await? {
+            Err(e) if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel => {
                 return Err(LockError::InvalidConfig(format!(
                     "the sentinels {listed} know no service named `{service}`: check the name \
                      (`SENTINEL MASTERS` on a sentinel lists the services it monitors)"
                 )))
             }
-            Ok(Err(e)) => return Err(BackendError::new(&server, None, e).into()),
-            Ok(Ok(conn)) => conn,
+            // Before the connect timeout, only the redis crate's own connections time out (the primary's is bounded
+            // by the same timeout, started later).
+            Err(e) if timed_out(&e) => return Err(BackendError::with_hint(&server, SENTINELS_SILENT.into(), e).into()),
+            Err(e) => return Err(BackendError::new(&server, None, e).into()),
+            Ok(conn) => conn,
         };
         let link =
             Rebuilding::new(conn, connect, link::sentinel_stale, timeouts.connect, server.clone(), epoch.clone());
@@ -251,6 +258,58 @@ fn connection_infos(
         infos.push(connection_info(url, &redact_url(url))?);
     }
     Ok((infos, urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>().join(", ")))
+}
+
+/// `connect` (every step of making a connection: asking the sentinels, TCP, TLS, the handshake, and the redis
+/// crate's own retries), given at most the connect timeout: what `ClientBuilder::connect_timeout` promises.
+pub(super) async fn bounded_connect<T>(
+    server: &str,
+    timeouts: Timeouts,
+    connect: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> Result<redis::RedisResult<T>, BackendError> {
+    tokio::time::timeout(timeouts.connect, connect).await.map_err(|_| connect_timed_out(server, timeouts))
+}
+
+/// A failure to connect to one server; a timeout is the connect timeout's (the redis crate's own attempt,
+/// bounded by it too, may end first).
+fn connect_error(server: &str, timeouts: Timeouts, e: redis::RedisError) -> BackendError {
+    match timed_out(&e) {
+        true => connect_timed_out(server, timeouts),
+        false => BackendError::new(server, None, e),
+    }
+}
+
+/// Whether `e` is a timeout: a cluster's seeds that all timed out are reported as "Failed to create initial
+/// connections - Io: timed out", an error whose kind is not one.
+fn timed_out(e: &redis::RedisError) -> bool {
+    e.is_timeout() || e.to_string().contains("timed out")
+}
+
+/// What to do when the sentinels, or the primary they named, did not answer the redis crate's own connections.
+const SENTINELS_SILENT: &str = "no answer from the sentinels, or from the primary they named (the redis crate \
+    gives each sentinel, and its check of the primary's role, 1 s to connect and 500 ms to answer, and asks the \
+    next sentinel when one fails): check that they are up and reachable; ClientBuilder::connect_timeout bounds \
+    it all";
+
+/// No connection within the connect timeout: what a server that is stopped (SIGSTOP) or overloaded, or one
+/// behind a firewall that drops packets, gives (it accepts or ignores the connection and never answers).
+fn connect_timed_out(server: &str, timeouts: Timeouts) -> BackendError {
+    let hint = format!(
+        "no connection within the connect timeout ({:?}): check that the server is up, reachable, not stopped \
+         and not overloaded, or raise ClientBuilder::connect_timeout",
+        timeouts.connect
+    );
+    BackendError::with_hint(server, hint, timeout_error("timed out"))
+}
+
+/// What to do when a cluster's nodes did not answer.
+fn cluster_timed_out(timeouts: Timeouts) -> String {
+    format!(
+        "no connection within the connect timeout ({:?}), which each node's connection is given (the seeds', \
+         then those of the nodes in the slot map they give: twice it in all): check that the nodes are up, \
+         reachable, not stopped and not overloaded, or raise ClientBuilder::connect_timeout",
+        timeouts.connect
+    )
 }
 
 pub(super) fn manager_config(timeouts: Timeouts) -> ConnectionManagerConfig {

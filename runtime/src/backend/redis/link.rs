@@ -84,7 +84,8 @@ pub(super) struct Rebuilding<C> {
     stale: fn(&RedisError) -> bool,
     /// When the last rebuild started; one at a time, at most one per [`MIN_REBUILD_INTERVAL`].
     last_rebuild: tokio::sync::Mutex<Option<Instant>>,
-    connect_timeout: Duration,
+    /// How long making a new connection may take.
+    connect_limit: Duration,
     /// Told after each rebuild (the subscriber resubscribes and makes its waiters retry).
     on_rebuilt: OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// Where it connects, password redacted, for the log.
@@ -115,7 +116,7 @@ impl<C: Clone + Send + Sync + 'static> Rebuilding<C> {
         connection: C,
         connect: Connect<C>,
         stale: fn(&RedisError) -> bool,
-        connect_timeout: Duration,
+        connect_limit: Duration,
         server: String,
         epoch: Epoch,
     ) -> Arc<Self> {
@@ -124,7 +125,7 @@ impl<C: Clone + Send + Sync + 'static> Rebuilding<C> {
             connect,
             stale,
             last_rebuild: tokio::sync::Mutex::new(None),
-            connect_timeout,
+            connect_limit,
             on_rebuilt: OnceLock::new(),
             server,
             epoch,
@@ -153,7 +154,7 @@ impl<C: Clone + Send + Sync + 'static> Rebuilding<C> {
             return;
         }
         *last = Some(Instant::now());
-        match tokio::time::timeout(self.connect_timeout * 2, (self.connect)()).await {
+        match tokio::time::timeout(self.connect_limit, (self.connect)()).await {
             Ok(Ok(connection)) => {
                 *self.current.write().unwrap_or_else(PoisonError::into_inner) = connection;
                 self.epoch.bump();

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 
 use super::connect::manager_config;
 use super::link::{Conn, Epoch, Link};
-use super::Timeouts;
+use super::{timeout_error, Timeouts};
 use crate::backend::{Announcement, ReleaseWatch, WAKE_ALL};
 use crate::LockToken;
 
@@ -175,8 +175,13 @@ impl Subscriber {
                 let config =
                     manager_config(self.timeouts).set_push_sender(self.push_handler()).set_automatic_resubscription();
                 let client = redis::Client::open(info)?;
+                let connect = ConnectionManager::new_with_config(client, config);
                 let epoch = self.epoch.clone();
-                ConnectionManager::new_with_config(client, config).await.map(|c| Link::new(Conn::One(c), epoch))
+                // Bounded as the command connection's is: the crate retries a failed attempt, each bounded alone.
+                match tokio::time::timeout(self.timeouts.connect, connect).await {
+                    Ok(connected) => connected.map(|c| Link::new(Conn::One(c), epoch)),
+                    Err(_) => Err(timeout_error("no connection for release announcements within the connect timeout")),
+                }
             })
             .await
             .cloned()
