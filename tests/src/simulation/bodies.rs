@@ -77,6 +77,11 @@ impl User {
                 sleep(sim.millis(1, 50)).await;
                 sim.in_body(c, &chain, &name, false);
                 if !sim.look(c, &lock, &name) {
+                    // OnLost::Continue lets a body go on past its loss; a request it makes then for a key it
+                    // holds must fail with Lost, never run a body on the lost grant (Correctness II, schedule 1).
+                    if opts.on_lost == OnLost::Continue && depth < MAX_DEPTH && sim.chance(0.5) {
+                        self.nested(&chain, &name, depth + 1).await;
+                    }
                     break;
                 }
                 if sim.chance(0.05) {
@@ -136,6 +141,8 @@ impl User {
                     if sim.chance(0.5) { request.acquire().await.map(Some) } else { request.try_acquire().await };
                 sim.trace(|| format!("c{c} {name}: reentrant request for {key}: {:?}", outcome.as_ref().map(|_| ())));
                 if let Ok(Some(guard)) = outcome {
+                    // A guard handed out holds its grant, as a body starting does (no guard on a lost grant).
+                    sim.in_body(c, &[(&guard, std::slice::from_ref(&key), OnLost::Abort)], &name, true);
                     sim.look(c, &guard, &name);
                     self.release(guard, &name).await;
                 }
@@ -161,6 +168,7 @@ impl User {
                 sim.check_wait_keys(c, started, wait, &keys, &name);
                 match outcome {
                     Ok(guard) => {
+                        sim.in_body(c, &[(&guard, &keys[..], OnLost::Abort)], &name, true);
                         sim.watch_guard(c, &guard, &name, opts.max_hold, opts.ttl);
                         for _ in 0..sim.below(4) {
                             sleep(sim.millis(1, 50)).await;
