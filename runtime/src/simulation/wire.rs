@@ -215,7 +215,9 @@ impl World {
             drop(nodes);
             for report in &reported {
                 match report {
-                    Report::Release { record, token, resent } => self.applying_release(record, token, *resent),
+                    Report::Release { record, token, resent, after_acquire } => {
+                        self.applying_release(record, token, *resent, *after_acquire)
+                    }
                     Report::Renew { record, token } => self.applying_renew(record, token),
                     Report::ForceUnlock { record } => self.applying_force_unlock(record),
                     Report::Acquire { token } => self.applying_acquire(token),
@@ -453,10 +455,24 @@ impl World {
 /// What a script call is about to do that the oracle checks (outcomes.rs): its releases, renewals and
 /// force_unlocks, read from its keys and arguments as the scripts read them.
 enum Report {
-    Release { record: String, token: String, resent: bool },
-    Renew { record: String, token: String },
-    ForceUnlock { record: String },
-    Acquire { token: String },
+    /// `after_acquire`: an earlier operation of the same BATCH call may grant the same record (to another
+    /// token), so what the release finds is not known before the call runs.
+    Release {
+        record: String,
+        token: String,
+        resent: bool,
+        after_acquire: bool,
+    },
+    Renew {
+        record: String,
+        token: String,
+    },
+    ForceUnlock {
+        record: String,
+    },
+    Acquire {
+        token: String,
+    },
 }
 
 /// The reports of a call of one of the production scripts that will run (an EVALSHA the server does not know
@@ -475,7 +491,9 @@ fn reported_to_oracle(redis: &SimRedis, args: &[Vec<u8>]) -> Vec<Report> {
     let keys: usize = text(2).parse().unwrap_or(0);
     let (key, arg) = (|i: usize| text(2 + i), |i: usize| text(2 + keys + i));
     match script {
-        "RELEASE" => vec![Report::Release { record: key(1), token: arg(1), resent: arg(3) == "1" }],
+        "RELEASE" => {
+            vec![Report::Release { record: key(1), token: arg(1), resent: arg(3) == "1", after_acquire: false }]
+        }
         "RENEW" => vec![Report::Renew { record: key(1), token: arg(1) }],
         "RENEW_MANY" => (1..=keys).map(|i| Report::Renew { record: key(i), token: arg(2 * i - 1) }).collect(),
         "FORCE_UNLOCK" => vec![Report::ForceUnlock { record: key(1) }],
@@ -483,7 +501,7 @@ fn reported_to_oracle(redis: &SimRedis, args: &[Vec<u8>]) -> Vec<Report> {
         "ACQUIRE_ALL" => (1..=keys).map(|i| Report::Acquire { token: arg(2 + i) }).collect(),
         "BATCH" => {
             // ARGV[1]: one letter per operation; each operation's arguments follow, in order (batch.lua).
-            let mut reports = Vec::new();
+            let (mut reports, mut acquired) = (Vec::new(), Vec::new());
             let mut at = 2;
             for (i, op) in arg(1).bytes().enumerate() {
                 let (record, token) = (key(i + 1), arg(at));
@@ -497,8 +515,10 @@ fn reported_to_oracle(redis: &SimRedis, args: &[Vec<u8>]) -> Vec<Report> {
                     _ => return reports,
                 };
                 if matches!(op, b'r' | b'k' | b's') {
-                    reports.push(Report::Release { record, token, resent: op == b's' });
+                    let after_acquire = acquired.contains(&record);
+                    reports.push(Report::Release { record, token, resent: op == b's', after_acquire });
                 } else {
+                    acquired.push(record);
                     reports.push(Report::Acquire { token });
                 }
             }
