@@ -157,7 +157,13 @@ impl World {
         let mut within = all.iter().filter(|a| a.at >= from && a.at <= to).peekable();
         match outcome {
             // The release that freed the grant may be an earlier send of this one (its reply lost): also in it.
-            ReleaseOutcome::Released => within.any(|a| a.found == Found::Ours),
+            // Or the engine's own give-back of the same grant, sent when it found the grant lost, just before
+            // the guard's release began (found in simulation, redis seed 388 of the whole workload): any
+            // release by this token since its last acquire attempt that found its grant.
+            ReleaseOutcome::Released => {
+                let since = state.truth.attempted.get(token).copied().unwrap_or(from).min(from);
+                all.iter().filter(|a| a.at >= since && a.at <= to).any(|a| a.found == Found::Ours)
+            }
             ReleaseOutcome::TakenByOther => within.any(|a| a.found == Found::Other),
             ReleaseOutcome::Unconfirmed => within.any(|a| a.resent),
             ReleaseOutcome::Nested => false,
