@@ -17,28 +17,33 @@ const PAUSE: Duration = Duration::from_secs(3);
 /// Scheduling slack on a loaded 2-core machine.
 const SLACK: Duration = Duration::from_secs(2);
 
-/// A waiter that starts while the server is stopped (its first attempt times out) gets the lock once the
-/// server resumes, well within its 30 s wait.
+/// Waiters that start while the server is stopped (their first attempt times out) get their locks once the
+/// server resumes, well within their 30 s wait: one key, and several keys (whose one-call attempt for free
+/// keys fails, and which are then taken one by one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_started_during_a_pause_gets_the_lock_after_it() {
+async fn waiters_started_during_a_pause_get_the_lock_after_it() {
     let server = RedisServer::new();
     let client = Client::builder().redis(server.url()).build().await.expect("client");
     let stopped = Stopped::stop(server.pid().expect("running"));
     let started = Instant::now();
-    let waiter = tokio::spawn({
+    let waiters = [vec!["job"], vec!["left", "right"]].map(|keys| {
         let client = client.clone();
-        async move { client.lock("job").wait(secs(30)).acquire().await }
+        tokio::spawn(async move { client.lock_all(keys).wait(secs(30)).acquire().await })
     });
     tokio::time::sleep(PAUSE).await;
-    assert!(!waiter.is_finished(), "the waiter ended while the server was stopped: {:?}", waiter.await);
+    for waiter in &waiters {
+        assert!(!waiter.is_finished(), "a waiter ended while the server was stopped");
+    }
     stopped.resume();
-    let guard = within(secs(30), "the waiter after the resume", waiter)
-        .await
-        .expect("the waiter task")
-        .expect("the waiter gets the lock once the server resumes");
-    assert!(started.elapsed() >= PAUSE, "granted during the pause?");
-    assert!(!guard.is_lost());
-    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+    for waiter in waiters {
+        let guard = within(secs(30), "a waiter after the resume", waiter)
+            .await
+            .expect("the waiter task")
+            .expect("the waiter gets the lock once the server resumes");
+        assert!(started.elapsed() >= PAUSE, "granted during the pause?");
+        assert!(!guard.is_lost());
+        assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+    }
 }
 
 /// A waiter queued behind a holder keeps its place through the pause, and is served when the holder
