@@ -17,6 +17,18 @@ const PAUSE: Duration = Duration::from_secs(3);
 /// Scheduling slack on a loaded 2-core machine.
 const SLACK: Duration = Duration::from_secs(2);
 
+/// The response timeout of the tests that only wait for failures: short, so that a wait sees several.
+const RESPONSE_TIMEOUT: Duration = Duration::from_millis(400);
+
+/// A server, a client of it with [`RESPONSE_TIMEOUT`], and the server stopped (resumed when dropped).
+async fn stopped_server() -> (RedisServer, Client, Stopped) {
+    let server = RedisServer::new();
+    let client =
+        Client::builder().redis(server.url()).response_timeout(RESPONSE_TIMEOUT).build().await.expect("client");
+    let stopped = Stopped::stop(server.pid().expect("running"));
+    (server, client, stopped)
+}
+
 /// Waiters that start while the server is stopped (their first attempt times out) get their locks once the
 /// server resumes, well within their 30 s wait: one key, and several keys (whose one-call attempt for free
 /// keys fails, and which are then taken one by one).
@@ -81,12 +93,8 @@ async fn a_queued_waiter_rides_out_a_pause_and_is_served() {
 /// Nothing it may have been granted stays held: after the resume, the lock is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_that_ends_during_the_pause_fails_with_the_transient_cause() {
-    let server = RedisServer::new();
-    let response_timeout = ms(400);
-    let client =
-        Client::builder().redis(server.url()).response_timeout(response_timeout).build().await.expect("client");
+    let (_server, client, stopped) = stopped_server().await;
     let wait = secs(2);
-    let stopped = Stopped::stop(server.pid().expect("running"));
     let started = Instant::now();
     let outcome = within(secs(30), "the waiter", client.lock("nightly").wait(wait).acquire()).await;
     let took = started.elapsed();
@@ -102,7 +110,7 @@ async fn a_wait_that_ends_during_the_pause_fails_with_the_transient_cause() {
     assert!(!message.contains("after 1 failed attempt(s)"), "only one attempt in a 2 s wait: {message}");
     // Retried until the wait ran out; the attempt in flight then may take up to one response timeout more.
     assert!(took >= wait - ms(100), "failed after {took:?}, before its wait {wait:?} ran out: {message}");
-    assert!(took <= wait + response_timeout + SLACK, "failed after {took:?} (wait {wait:?}): {message}");
+    assert!(took <= wait + RESPONSE_TIMEOUT + SLACK, "failed after {took:?} (wait {wait:?}): {message}");
     stopped.resume();
     // Whatever an attempt whose reply was lost may have been granted is given back (or expires): the lock is
     // free for another request.
@@ -116,11 +124,7 @@ async fn a_wait_that_ends_during_the_pause_fails_with_the_transient_cause() {
 /// attempt, one response timeout, and no word of a wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_wait_a_pause_fails_at_once() {
-    let server = RedisServer::new();
-    let response_timeout = ms(400);
-    let client =
-        Client::builder().redis(server.url()).response_timeout(response_timeout).build().await.expect("client");
-    let _stopped = Stopped::stop(server.pid().expect("running"));
+    let (_server, client, _stopped) = stopped_server().await;
     for what in ["try_acquire", "acquire"] {
         let started = Instant::now();
         let request = client.lock("k");
@@ -132,6 +136,6 @@ async fn without_a_wait_a_pause_fails_at_once() {
         let error = outcome.expect_err("no answer from a stopped server");
         assert!(error.is_transient(), "{what}: {error}");
         assert!(!error.to_string().contains("wait ran out"), "{what}: {error}");
-        assert!(took <= response_timeout + SLACK / 2, "{what} failed after {took:?}: retried without a wait?");
+        assert!(took <= RESPONSE_TIMEOUT + SLACK / 2, "{what} failed after {took:?}: retried without a wait?");
     }
 }
