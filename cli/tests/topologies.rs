@@ -64,6 +64,43 @@ async fn behind_sentinel_the_primary_is_listed() {
     assert_eq!(listed_keys(&distlock(&args).await), ["s:a", "s:b"]);
 }
 
+/// Sentinels behind a password and data nodes behind another: `--password-stdin` reads the data nodes' from the
+/// first line, `--sentinel-password-stdin` the sentinels' from the next; a wrong one is an error that names the
+/// option to fix and shows neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_sentinel_both_passwords_are_read_from_standard_input() {
+    use distlock_tests::sentinel::Passwords;
+    let passwords = Passwords { data: "d4ta-pw", acl_user: ("locker", "l0cker-pw"), sentinel: "s3ntinel-pw" };
+    let group = SentinelGroup::start_with_passwords(0, &passwords).await;
+    let client = distlock::Client::builder()
+        .redis_sentinel(group.sentinel_urls_with_password(passwords.sentinel), SERVICE)
+        .sentinel_primary_password(None, passwords.data)
+        .build()
+        .await
+        .expect("client");
+    let _held = client.lock("pw:a").ttl(TTL).acquire().await.unwrap();
+    let mut args = vec!["--sentinel", SERVICE, "--password-stdin", "--sentinel-password-stdin"];
+    let urls = group.sentinel_urls();
+    for url in &urls {
+        args.extend(["--url", url.as_str()]);
+    }
+    args.extend(["ls", "--json"]);
+    let both = format!("{}\n{}\n", passwords.data, passwords.sentinel);
+    assert_eq!(listed_keys(&common::distlock(&args, Some(&both)).await), ["pw:a"]);
+
+    for (stdin, option) in [
+        (format!("{}\nwr0ng\n", passwords.data), "--sentinel-password-stdin"),
+        (format!("wr0ng\n{}\n", passwords.sentinel), "--password-stdin"),
+    ] {
+        let refused = common::distlock(&args, Some(&stdin)).await;
+        let err = common::assert_one_error_line(&refused);
+        assert!(err.contains(option), "{stdin:?}: {err}");
+        for secret in ["wr0ng", passwords.data, passwords.sentinel] {
+            assert!(!err.contains(secret), "a password shown: {err}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redlock_each_lock_is_listed_once() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::new()).collect();
