@@ -403,3 +403,31 @@ async fn foreign_keys_under_the_prefix_are_skipped_counted_and_reported() {
         assert!(stderr(&output).contains("skipped 2 keys"), "{args:?}: {}", stderr(&output));
     }
 }
+
+/// A value that looks like a lock's record to the listing (a token and its mark) but is not one: `ls` (sorted or
+/// not) lists the other locks, and says on standard error that it skipped a record it could not read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ls_skips_a_record_it_cannot_read_and_says_so() {
+    let server = RedisServer::new();
+    let url = server.url();
+    let holder = client(&url, "holder-1").await;
+    let _guard = holder.lock("real").ttl(TTL).acquire().await.unwrap();
+    let mut conn = server.connection().await;
+    let lookalike = holder.record_key("lookalike");
+    let value = "0123456789abcdef0123456789abcdef:not a record";
+    let () = redis::cmd("SET").arg(&lookalike).arg(value).query_async(&mut conn).await.unwrap();
+    assert!(holder.lock_info("lookalike").await.is_err(), "the look-alike reads as a record");
+    for args in [vec!["ls"], vec!["ls", "--unsorted"], vec!["ls", "--json"]] {
+        let mut full = vec!["--url", url.as_str()];
+        full.extend(args.iter().copied());
+        let output = distlock(&full, None).await;
+        assert_exit(&output, 0);
+        assert!(stdout(&output).contains("real"), "{args:?}: {}", stdout(&output));
+        assert!(!stdout(&output).contains("lookalike"), "{args:?}: {}", stdout(&output));
+        assert!(
+            stderr(&output).contains("skipped 1 lock whose record could not be read"),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+    }
+}
