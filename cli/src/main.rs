@@ -257,6 +257,7 @@ mod tests {
             ("check that it is up and not overloaded, or raise ClientBuilder::response_timeout", "raise --timeout"),
             ("give distlock a key prefix of its own (ClientBuilder::key_prefix)", "(--prefix)"),
             ("the primary's with ClientBuilder::sentinel_primary_password", "the primary's with --password-stdin"),
+            ("give the sentinels' password in their URLs (redis://", "with --sentinel-password-stdin or in their URLs"),
             ("the server requires a password: give it in the URL, redis://:PASSWORD@HOST:PORT/", "--password-stdin"),
         ];
         for (library, cli) in cases {

@@ -114,7 +114,7 @@ async fn ls_rides_out_a_failover_mid_listing() {
     let client = distlock::Client::builder().redis_sentinel(sentinels.clone(), SERVICE).build().await.expect("client");
     let mut guards = Vec::with_capacity(LOCKS);
     for i in 0..LOCKS {
-        guards.push(client.lock(&format!("f:{i:04}")).ttl(Duration::from_secs(120)).acquire().await.unwrap());
+        guards.push(client.lock(format!("f:{i:04}")).ttl(Duration::from_secs(120)).acquire().await.unwrap());
     }
     let old = group.primary_port().await.expect("a primary");
     let primary = group.servers.iter().find(|s| s.port() == old).expect("the primary");
