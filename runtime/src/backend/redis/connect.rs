@@ -293,22 +293,19 @@ fn timed_out(e: &redis::RedisError) -> bool {
 }
 
 /// Whether a sentinel refuses the password (or lack of one) its URL gives: the redis crate's error does not
-/// say whether a sentinel or the primary refused, so each sentinel is asked alone (PING, within the connect
-/// timeout; one that does not answer tells nothing).
+/// say whether a sentinel or the primary refused, so each sentinel is asked alone (PING, all at once, within
+/// one connect timeout; one that does not answer tells nothing).
 async fn sentinels_refuse(sentinels: &[redis::ConnectionInfo], timeouts: Timeouts) -> bool {
-    for info in sentinels {
-        let Ok(client) = redis::Client::open(info.clone()) else { continue };
-        let ping = async {
+    let pings = sentinels.iter().map(|info| {
+        let ping = async move {
+            let client = redis::Client::open(info.clone())?;
             let mut conn = client.get_multiplexed_async_connection().await?;
             redis::cmd("PING").query_async::<String>(&mut conn).await
         };
-        if let Ok(Err(e)) = tokio::time::timeout(timeouts.connect, ping).await {
-            if is_auth_error(&e) {
-                return true;
-            }
-        }
-    }
-    false
+        tokio::time::timeout(timeouts.connect, ping)
+    });
+    let answers = futures_util::future::join_all(pings).await;
+    answers.iter().any(|answer| matches!(answer, Ok(Err(e)) if is_auth_error(e)))
 }
 
 /// A sentinel refused its URL's password, or needs one.
