@@ -33,7 +33,9 @@ pub(crate) async fn client(args: &ServerArgs) -> Result<distlock::Client, Failur
         .response_timeout(args.timeout);
     let builder = match (&args.sentinel, args.cluster, args.redlock) {
         (Some(service), ..) => match password {
-            Some(password) => builder.redis_sentinel(urls, service.clone()).sentinel_primary_password(None, password),
+            Some(password) => {
+                builder.redis_sentinel(urls, service.clone()).sentinel_primary_password(args.user.as_deref(), password)
+            }
             None => builder.redis_sentinel(urls, service.clone()),
         },
         (None, true, _) => builder.redis_cluster(urls),

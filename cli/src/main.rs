@@ -120,6 +120,9 @@ struct ServerArgs {
     /// the process list shows it). With --sentinel it is the data nodes' (the primary's).
     #[arg(long, global = true)]
     password_stdin: bool,
+    /// With --sentinel and --password-stdin: the data nodes' ACL user (elsewhere, give it in the URL).
+    #[arg(long, global = true, requires_all = ["sentinel", "password_stdin"], value_name = "USER")]
+    user: Option<String>,
     /// With --sentinel: reads the sentinels' password from standard input, the line after the data nodes'
     /// when --password-stdin is given too (or give it in the sentinels' URLs).
     #[arg(long, global = true, requires = "sentinel")]

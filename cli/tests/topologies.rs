@@ -66,8 +66,8 @@ async fn behind_sentinel_the_primary_is_listed() {
 }
 
 /// Sentinels behind a password and data nodes behind another: `--password-stdin` reads the data nodes' from the
-/// first line, `--sentinel-password-stdin` the sentinels' from the next; a wrong one is an error that names the
-/// option to fix and shows neither.
+/// first line (with `--user`, the ACL user's), `--sentinel-password-stdin` the sentinels' from the next; a wrong
+/// one is an error that names the option to fix and shows neither.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_sentinel_both_passwords_are_read_from_standard_input() {
     use distlock_tests::sentinel::Passwords;
@@ -81,6 +81,9 @@ async fn behind_sentinel_both_passwords_are_read_from_standard_input() {
         .expect("client");
     let _held = client.lock("pw:a").ttl(TTL).acquire().await.unwrap();
     let mut args = vec!["--sentinel", SERVICE, "--password-stdin", "--sentinel-password-stdin"];
+    // The data nodes' ACL user, named with --user.
+    let mut as_user = args.clone();
+    as_user.extend(["--user", passwords.acl_user.0]);
     let urls = group.sentinel_urls();
     for url in &urls {
         args.extend(["--url", url.as_str()]);
@@ -88,6 +91,12 @@ async fn behind_sentinel_both_passwords_are_read_from_standard_input() {
     args.extend(["ls", "--json"]);
     let both = format!("{}\n{}\n", passwords.data, passwords.sentinel);
     assert_eq!(listed_keys(&common::distlock(&args, Some(&both)).await), ["pw:a"]);
+    for url in &urls {
+        as_user.extend(["--url", url.as_str()]);
+    }
+    as_user.extend(["ls", "--json"]);
+    let user_s = format!("{}\n{}\n", passwords.acl_user.1, passwords.sentinel);
+    assert_eq!(listed_keys(&common::distlock(&as_user, Some(&user_s)).await), ["pw:a"]);
 
     for (stdin, option) in [
         (format!("{}\nwr0ng\n", passwords.data), "--sentinel-password-stdin"),
