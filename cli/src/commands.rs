@@ -14,31 +14,138 @@ const BATCH: usize = 1000;
 /// The rows of the held locks among `names` (in that order), skipping any released since it was listed.
 pub(crate) async fn rows(client: &distlock::Client, names: Vec<String>) -> Result<Vec<Row>, Failure> {
     let infos = client.lock_infos(&names).await?;
-    Ok(names.into_iter().zip(infos).filter_map(|(name, info)| Some(Row::new(name, info.as_ref()?))).collect())
+    Ok(held_rows(names, infos))
 }
 
-/// Every held lock matching `pattern`, sorted by name (`watch` shows a screenful; `ls` streams instead), and how
-/// many keys in a lock's place held a value distlock did not write (left out).
-pub(crate) async fn sorted_names(client: &distlock::Client, pattern: &str) -> Result<(Vec<String>, usize), Failure> {
-    let mut listing = client.list_locks(pattern);
+/// The rows of the names whose lock is held, from their records (`None`: free).
+fn held_rows(names: Vec<String>, infos: Vec<Option<distlock::LockInfo>>) -> Vec<Row> {
+    names.into_iter().zip(infos).filter_map(|(name, info)| Some(Row::new(name, info.as_ref()?))).collect()
+}
+
+/// As [`rows`], but a record that cannot be read (a value another program wrote since the listing, or a
+/// failure on the way) is left out and counted in `skips`, so one bad key does not end `ls`: when the batch's
+/// reads fail, each record is read again alone.
+async fn readable_rows(client: &distlock::Client, names: Vec<String>, skips: &mut Skips) -> Vec<Row> {
+    if let Ok(infos) = client.lock_infos(&names).await {
+        return held_rows(names, infos);
+    }
+    let mut rows = Vec::with_capacity(names.len());
+    for name in names {
+        match client.lock_info(&name).await {
+            Ok(Some(info)) => rows.push(Row::new(name, &info)),
+            Ok(None) => {}
+            Err(e) => {
+                skips.unreadable += 1;
+                skips.unreadable_cause = Some(crate::in_cli_terms(&e.to_string()));
+            }
+        }
+    }
+    rows
+}
+
+/// How long a listing interrupted by a failed SCAN step (a failover, a dropped connection) keeps starting over
+/// before it gives up: a Sentinel failover takes the sentinels' `down-after-milliseconds` (30 s by default)
+/// and the switch.
+const RESUME_FOR: Duration = Duration::from_secs(60);
+
+/// What a listing left out or rode out, said on standard error when it ends.
+#[derive(Debug, Default)]
+pub(crate) struct Skips {
+    /// Keys under the prefix holding a value distlock did not write.
+    foreign: usize,
+    /// Records that could not be read, and the last error.
+    unreadable: usize,
+    unreadable_cause: Option<String>,
+    /// SCAN steps that failed and were asked again, and the last error.
+    interruptions: usize,
+    interruption_cause: Option<String>,
+}
+
+impl Skips {
+    /// The lines `ls` and `watch` print on standard error.
+    pub(crate) fn notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if self.foreign > 0 {
+            let keys = if self.foreign == 1 { "key" } else { "keys" };
+            notes.push(format!(
+                "skipped {} {keys} under the key prefix holding a value distlock did not write (another program's \
+                 data: give distlock a prefix of its own with --prefix, or delete them)",
+                self.foreign
+            ));
+        }
+        if let Some(cause) = &self.unreadable_cause {
+            let records = if self.unreadable == 1 { "lock whose record" } else { "locks whose records" };
+            notes.push(format!("skipped {} {records} could not be read (the last error: {cause})", self.unreadable));
+        }
+        if let Some(cause) = &self.interruption_cause {
+            notes.push(format!(
+                "the listing was interrupted {} time(s) and started over on the server answering then (the last \
+                 error: {cause}): a lock taken or released meanwhile, or lost in a failover, may be missing or \
+                 shown though gone",
+                self.interruptions
+            ));
+        }
+        notes
+    }
+
+    fn print(&self) {
+        self.notes().iter().for_each(|note| eprintln!("{note}"));
+    }
+}
+
+/// A listing that rides out a failover or a dropped connection: when a SCAN step fails with a transient error,
+/// it starts over (a SCAN cursor means nothing to another server, such as a promoted replica), asking for up to
+/// [`RESUME_FOR`]; what it gives again after starting over, its reader leaves out.
+struct Listing<'a> {
+    client: &'a distlock::Client,
+    pattern: &'a str,
+    scan: distlock::LockListing,
+    skips: Skips,
+}
+
+impl<'a> Listing<'a> {
+    fn new(client: &'a distlock::Client, pattern: &'a str) -> Self {
+        Self { client, pattern, scan: client.list_locks(pattern), skips: Skips::default() }
+    }
+
+    /// The next page, or `None` when the listing is over.
+    async fn next_page(&mut self) -> Result<Option<Vec<String>>, Failure> {
+        let deadline = tokio::time::Instant::now() + RESUME_FOR;
+        let mut said = false;
+        loop {
+            match self.scan.next_page().await {
+                Ok(page) => {
+                    self.skips.foreign = self.skips.foreign.max(self.scan.skipped());
+                    return Ok(page);
+                }
+                Err(e) if e.is_transient() && tokio::time::Instant::now() < deadline => {
+                    let cause = crate::in_cli_terms(&e.to_string());
+                    if !said {
+                        eprintln!("listing interrupted ({cause}): starting over, for up to {}s", RESUME_FOR.as_secs());
+                        self.skips.interruptions += 1;
+                        said = true;
+                    }
+                    self.skips.interruption_cause = Some(cause);
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    self.scan = self.client.list_locks(self.pattern);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+/// Every held lock matching `pattern`, sorted by name (`watch` shows a screenful; `ls` streams instead), and what
+/// the listing left out or rode out.
+pub(crate) async fn sorted_names(client: &distlock::Client, pattern: &str) -> Result<(Vec<String>, Skips), Failure> {
+    let mut listing = Listing::new(client, pattern);
     let mut names = Vec::new();
     while let Some(page) = listing.next_page().await? {
         names.extend(page);
     }
     names.sort_unstable();
     names.dedup();
-    Ok((names, listing.skipped()))
-}
-
-/// What `ls` says on standard error about keys it left out.
-pub(crate) fn skipped_note(skipped: usize) -> Option<String> {
-    (skipped > 0).then(|| {
-        let keys = if skipped == 1 { "key" } else { "keys" };
-        format!(
-            "skipped {skipped} {keys} under the key prefix holding a value distlock did not write (another program's \
-             data: give distlock a prefix of its own with --prefix, or delete them)"
-        )
-    })
+    Ok((names, listing.skips))
 }
 
 /// Prints rows as a table or as the elements of one JSON array, as they come.
@@ -89,17 +196,24 @@ pub(crate) async fn ls(client: &distlock::Client, pattern: &str, json: bool, uns
     let out = BufWriter::new(std::io::stdout().lock());
     if unsorted {
         let mut printer = Printer { out, json, table: Table::new(MAX_UNSORTED_KEY), printed: 0 };
-        let mut listing = client.list_locks(pattern);
+        let mut listing = Listing::new(client, pattern);
+        // The names printed (memory: the names alone, as the sorted listing holds), for when the listing starts
+        // over and gives them again.
+        let mut printed = std::collections::HashSet::new();
         while let Some(mut page) = listing.next_page().await? {
             page.sort_unstable();
             page.dedup();
-            printer.print(&rows(client, page).await?)?;
+            if listing.skips.interruptions > 0 {
+                page.retain(|name| !printed.contains(name));
+            }
+            let rows = readable_rows(client, page, &mut listing.skips).await;
+            printer.print(&rows)?;
+            printed.extend(rows.into_iter().map(|row| row.key));
         }
-        skipped_note(listing.skipped()).into_iter().for_each(|note| eprintln!("{note}"));
+        listing.skips.print();
         return printer.finish(pattern);
     }
-    let (names, skipped) = sorted_names(client, pattern).await?;
-    skipped_note(skipped).into_iter().for_each(|note| eprintln!("{note}"));
+    let (names, mut skips) = sorted_names(client, pattern).await?;
     let longest = names.iter().map(|n| printable(n).chars().count()).max().unwrap_or(0);
     let mut printer = Printer { out, json, table: Table::new(longest), printed: 0 };
     let mut names = names.into_iter();
@@ -108,8 +222,9 @@ pub(crate) async fn ls(client: &distlock::Client, pattern: &str, json: bool, uns
         if batch.is_empty() {
             break;
         }
-        printer.print(&rows(client, batch).await?)?;
+        printer.print(&readable_rows(client, batch, &mut skips).await)?;
     }
+    skips.print();
     printer.finish(pattern)
 }
 

@@ -15,8 +15,15 @@ pub(crate) async fn client(args: &ServerArgs) -> Result<distlock::Client, Failur
     if urls.is_empty() {
         urls.push(std::env::var("REDIS_URL").ok().filter(|u| !u.trim().is_empty()).unwrap_or(DEFAULT_URL.into()));
     }
-    // Behind Sentinel the password is the primary's: the sentinels' go in their URLs.
-    let password = if args.password_stdin { Some(read_password()?) } else { None };
+    // Behind Sentinel the password is the data nodes' (the primary's, now and after a failover); the sentinels'
+    // is read after it, or goes in their URLs.
+    let mut stdin = std::io::stdin().lock();
+    let password = if args.password_stdin { Some(read_password(&mut stdin, "--password-stdin")?) } else { None };
+    // Clap refuses --sentinel-password-stdin without --sentinel.
+    if args.sentinel_password_stdin {
+        let sentinels = read_password(&mut stdin, "--sentinel-password-stdin")?;
+        urls = urls.iter().map(|url| with_password(url, &sentinels)).collect::<Result<_, _>>()?;
+    }
     if let (Some(password), None) = (&password, &args.sentinel) {
         urls = urls.iter().map(|url| with_password(url, password)).collect::<Result<_, _>>()?;
     }
@@ -26,7 +33,9 @@ pub(crate) async fn client(args: &ServerArgs) -> Result<distlock::Client, Failur
         .response_timeout(args.timeout);
     let builder = match (&args.sentinel, args.cluster, args.redlock) {
         (Some(service), ..) => match password {
-            Some(password) => builder.redis_sentinel(urls, service.clone()).sentinel_primary_password(None, password),
+            Some(password) => {
+                builder.redis_sentinel(urls, service.clone()).sentinel_primary_password(args.user.as_deref(), password)
+            }
             None => builder.redis_sentinel(urls, service.clone()),
         },
         (None, true, _) => builder.redis_cluster(urls),
@@ -45,16 +54,18 @@ pub(crate) async fn client(args: &ServerArgs) -> Result<distlock::Client, Failur
     Ok(builder.build().await?)
 }
 
-/// The first line of standard input, without its line ending.
-fn read_password() -> Result<String, Failure> {
+/// The next line of standard input, without its line ending; `option` asked for it.
+fn read_password(stdin: &mut impl BufRead, option: &str) -> Result<String, Failure> {
     let mut line = String::new();
-    std::io::stdin()
-        .lock()
+    stdin
         .read_line(&mut line)
-        .map_err(|e| Failure::new(Exit::Usage, format!("--password-stdin: cannot read standard input: {e}")))?;
+        .map_err(|e| Failure::new(Exit::Usage, format!("{option}: cannot read standard input: {e}")))?;
     let password = line.trim_end_matches(['\r', '\n']);
     if password.is_empty() {
-        return Err(Failure::new(Exit::Usage, "--password-stdin: standard input held no password"));
+        return Err(Failure::new(
+            Exit::Usage,
+            format!("{option}: standard input held no password (a line of its own)"),
+        ));
     }
     Ok(password.to_owned())
 }

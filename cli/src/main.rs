@@ -64,6 +64,10 @@ const CLI_TERMS: &[(&str, &str)] = &[
     ("opt in with ClientBuilder::allow_insecure_tls(true)", "use a URL whose certificate can be checked"),
     ("give it in the URL,", "give it with --password-stdin, or in the URL,"),
     ("give it in the socket URL's query,", "give it with --password-stdin, or in the socket URL's query,"),
+    (
+        "give the sentinels' password in their URLs",
+        "give the sentinels' password with --sentinel-password-stdin or in their URLs",
+    ),
     ("Client::force_unlock deletes it, as does `distlock release`", "`distlock release` deletes it"),
 ];
 
@@ -113,9 +117,16 @@ struct ServerArgs {
     #[arg(long, global = true, default_value = "distlock:", value_name = "PREFIX")]
     prefix: String,
     /// Reads the password from the first line of standard input (instead of putting it in the URL, where
-    /// the process list shows it). With --sentinel it is the primary's (give the sentinels' in their URLs).
+    /// the process list shows it). With --sentinel it is the data nodes' (the primary's).
     #[arg(long, global = true)]
     password_stdin: bool,
+    /// With --sentinel and --password-stdin: the data nodes' ACL user (elsewhere, give it in the URL).
+    #[arg(long, global = true, requires_all = ["sentinel", "password_stdin"], value_name = "USER")]
+    user: Option<String>,
+    /// With --sentinel: reads the sentinels' password from standard input, the line after the data nodes'
+    /// when --password-stdin is given too (or give it in the sentinels' URLs).
+    #[arg(long, global = true, requires = "sentinel")]
+    sentinel_password_stdin: bool,
     /// The URLs are seeds of a Redis Cluster: every primary is scanned.
     #[arg(long, global = true, conflicts_with_all = ["sentinel", "redlock"])]
     cluster: bool,
@@ -249,6 +260,7 @@ mod tests {
             ("check that it is up and not overloaded, or raise ClientBuilder::response_timeout", "raise --timeout"),
             ("give distlock a key prefix of its own (ClientBuilder::key_prefix)", "(--prefix)"),
             ("the primary's with ClientBuilder::sentinel_primary_password", "the primary's with --password-stdin"),
+            ("give the sentinels' password in their URLs (redis://", "with --sentinel-password-stdin or in their URLs"),
             ("the server requires a password: give it in the URL, redis://:PASSWORD@HOST:PORT/", "--password-stdin"),
         ];
         for (library, cli) in cases {

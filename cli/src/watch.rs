@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::commands::{rows, skipped_note, sorted_names};
+use crate::commands::{rows, sorted_names};
 use crate::render::{fence, printable, time_of_day, Row, State, Table};
 use crate::Failure;
 
@@ -68,9 +68,7 @@ pub(crate) async fn watch(
             }
             draw(terminal, pattern, &current, &events, interval)?;
         }
-        if let Some(note) = skipped_note(skipped) {
-            eprintln!("{note}");
-        }
+        skipped.notes().iter().for_each(|note| eprintln!("{note}"));
         previous = Some((seen_at, now));
         refreshes += 1;
         if count.is_some_and(|n| refreshes >= n) {

@@ -381,10 +381,7 @@ async fn a_wrong_password_in_any_url_form_is_never_echoed() {
 /// the locks are listed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_keys_under_the_prefix_are_skipped_counted_and_reported() {
-    let server = RedisServer::new();
-    let url = server.url();
-    let holder = client(&url, "holder-1").await;
-    let _guard = holder.lock("real").ttl(TTL).acquire().await.unwrap();
+    let (server, holder, _guard) = holding_real().await;
     let mut conn = server.connection().await;
     let () = redis::cmd("SET").arg("distlock:{x}").arg("hello").query_async(&mut conn).await.unwrap();
     let _: i64 = redis::cmd("RPUSH").arg("distlock:{y}").arg("a").query_async(&mut conn).await.unwrap();
@@ -394,12 +391,40 @@ async fn foreign_keys_under_the_prefix_are_skipped_counted_and_reported() {
         names.extend(page);
     }
     assert_eq!((names, listing.skipped()), (vec!["real".to_owned()], 2));
-    for args in [vec!["ls"], vec!["ls", "--unsorted"], vec!["ls", "--json"], vec!["watch", "--count", "1"]] {
-        let mut full = vec!["--url", url.as_str()];
+    ls_lists_real_and_says(&server.url(), &[&["watch", "--count", "1"]], "skipped 2 keys").await;
+}
+
+/// A value that looks like a lock's record to the listing (a token and its mark) but is not one: `ls` (sorted or
+/// not) lists the other locks, and says on standard error that it skipped a record it could not read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ls_skips_a_record_it_cannot_read_and_says_so() {
+    let (server, holder, _guard) = holding_real().await;
+    let lookalike = holder.record_key("lookalike");
+    let value = "0123456789abcdef0123456789abcdef:not a record";
+    let () = redis::cmd("SET").arg(&lookalike).arg(value).query_async(&mut server.connection().await).await.unwrap();
+    assert!(holder.lock_info("lookalike").await.is_err(), "the look-alike reads as a record");
+    ls_lists_real_and_says(&server.url(), &[], "skipped 1 lock whose record could not be read").await;
+}
+
+/// A server on which `holder-1` holds the lock `real`.
+async fn holding_real() -> (RedisServer, distlock::Client, distlock::LockGuard) {
+    let server = RedisServer::new();
+    let holder = client(&server.url(), "holder-1").await;
+    let guard = holder.lock("real").ttl(TTL).acquire().await.unwrap();
+    (server, holder, guard)
+}
+
+/// `ls` (sorted, unsorted, JSON) and each of `also` exit 0, list `real` and not the look-alike, and say `note`
+/// on standard error.
+async fn ls_lists_real_and_says(url: &str, also: &[&[&str]], note: &str) {
+    let ls: [&[&str]; 3] = [&["ls"], &["ls", "--unsorted"], &["ls", "--json"]];
+    for args in ls.iter().chain(also) {
+        let mut full = vec!["--url", url];
         full.extend(args.iter().copied());
         let output = distlock(&full, None).await;
         assert_exit(&output, 0);
         assert!(stdout(&output).contains("real"), "{args:?}: {}", stdout(&output));
-        assert!(stderr(&output).contains("skipped 2 keys"), "{args:?}: {}", stderr(&output));
+        assert!(!stdout(&output).contains("lookalike"), "{args:?}: {}", stdout(&output));
+        assert!(stderr(&output).contains(note), "{args:?}: {}", stderr(&output));
     }
 }

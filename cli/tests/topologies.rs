@@ -4,6 +4,7 @@
 mod common;
 
 use std::process::Output;
+use std::time::Duration;
 
 use common::TTL;
 use distlock_tests::cluster::RedisCluster;
@@ -62,6 +63,115 @@ async fn behind_sentinel_the_primary_is_listed() {
     }
     args.extend(["ls", "--json"]);
     assert_eq!(listed_keys(&distlock(&args).await), ["s:a", "s:b"]);
+}
+
+/// Sentinels behind a password and data nodes behind another: `--password-stdin` reads the data nodes' from the
+/// first line (with `--user`, the ACL user's), `--sentinel-password-stdin` the sentinels' from the next; a wrong
+/// one is an error that names the option to fix and shows neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_sentinel_both_passwords_are_read_from_standard_input() {
+    use distlock_tests::sentinel::Passwords;
+    let passwords = Passwords { data: "d4ta-pw", acl_user: ("locker", "l0cker-pw"), sentinel: "s3ntinel-pw" };
+    let group = SentinelGroup::start_with_passwords(0, &passwords).await;
+    let client = distlock::Client::builder()
+        .redis_sentinel(group.sentinel_urls_with_password(passwords.sentinel), SERVICE)
+        .sentinel_primary_password(None, passwords.data)
+        .build()
+        .await
+        .expect("client");
+    let _held = client.lock("pw:a").ttl(TTL).acquire().await.unwrap();
+    let mut args = vec!["--sentinel", SERVICE, "--password-stdin", "--sentinel-password-stdin"];
+    // The data nodes' ACL user, named with --user.
+    let mut as_user = args.clone();
+    as_user.extend(["--user", passwords.acl_user.0]);
+    let urls = group.sentinel_urls();
+    for url in &urls {
+        args.extend(["--url", url.as_str()]);
+    }
+    args.extend(["ls", "--json"]);
+    let both = format!("{}\n{}\n", passwords.data, passwords.sentinel);
+    assert_eq!(listed_keys(&common::distlock(&args, Some(&both)).await), ["pw:a"]);
+    for url in &urls {
+        as_user.extend(["--url", url.as_str()]);
+    }
+    as_user.extend(["ls", "--json"]);
+    let user_s = format!("{}\n{}\n", passwords.acl_user.1, passwords.sentinel);
+    assert_eq!(listed_keys(&common::distlock(&as_user, Some(&user_s)).await), ["pw:a"]);
+
+    for (stdin, option) in [
+        (format!("{}\nwr0ng\n", passwords.data), "--sentinel-password-stdin"),
+        (format!("wr0ng\n{}\n", passwords.sentinel), "--password-stdin"),
+    ] {
+        let refused = common::distlock(&args, Some(&stdin)).await;
+        let err = common::assert_one_error_line(&refused);
+        assert!(err.contains(option), "{stdin:?}: {err}");
+        for secret in ["wr0ng", passwords.data, passwords.sentinel] {
+            assert!(!err.contains(secret), "a password shown: {err}");
+        }
+    }
+}
+
+/// A failover in the middle of `ls` (the primary killed while the tool is blocked writing its first page): the
+/// listing does not stop: it starts over on the promoted replica, says so on standard error, and lists every
+/// lock once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ls_rides_out_a_failover_mid_listing() {
+    use tokio::io::AsyncReadExt;
+    const LOCKS: usize = 3000;
+    let mut group = SentinelGroup::start(2).await;
+    let sentinels = group.sentinel_urls();
+    let client = distlock::Client::builder().redis_sentinel(sentinels.clone(), SERVICE).build().await.expect("client");
+    let mut guards = Vec::with_capacity(LOCKS);
+    for i in 0..LOCKS {
+        guards.push(client.lock(format!("f:{i:04}")).ttl(Duration::from_secs(120)).acquire().await.unwrap());
+    }
+    let old = group.primary_port().await.expect("a primary");
+    let primary = group.servers.iter().find(|s| s.port() == old).expect("the primary");
+    let replicated: i64 =
+        redis::cmd("WAIT").arg(2).arg(10_000).query_async(&mut primary.connection().await).await.expect("WAIT");
+    assert_eq!(replicated, 2, "the replicas did not catch up");
+
+    let mut args = vec!["--sentinel", SERVICE];
+    for url in &sentinels {
+        args.extend(["--url", url.as_str()]);
+    }
+    args.extend(["ls", "--unsorted", "--json"]);
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_distlock"))
+        .args(&args)
+        .env_remove("REDIS_URL")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run distlock");
+    let mut out = child.stdout.take().expect("stdout");
+    // The first bytes of the first page: the tool has listed, and blocks on the pipe (a page is over 64 KiB).
+    let mut seen = vec![0; 4096];
+    out.read_exact(&mut seen).await.expect("the first page");
+
+    group.servers.iter_mut().find(|s| s.port() == old).expect("the primary").kill();
+    eventually_switched(&group, old).await;
+    out.read_to_end(&mut seen).await.expect("the rest");
+    let mut err = String::new();
+    child.stderr.take().expect("stderr").read_to_string(&mut err).await.expect("stderr");
+    let status = tokio::time::timeout(Duration::from_secs(90), child.wait()).await.expect("ls ended").expect("wait");
+    assert_eq!(status.code(), Some(0), "stderr: {err}");
+    let listed: Value = serde_json::from_slice(&seen).expect("ls --json is JSON");
+    let mut keys: Vec<&str> = listed.as_array().expect("an array").iter().map(|e| e["key"].as_str().unwrap()).collect();
+    keys.sort_unstable();
+    eprintln!("listed {} of {LOCKS} locks across the failover; stderr: {err}", keys.len());
+    let held: Vec<String> = (0..LOCKS).map(|i| format!("f:{i:04}")).collect();
+    assert_eq!(keys, held, "every lock, once: the listing started over on the promoted replica");
+    assert!(err.contains("the listing was interrupted 1 time(s) and started over"), "stderr: {err}");
+    drop(guards);
+}
+
+/// Waits until the sentinels name another primary than the one on `old`.
+async fn eventually_switched(group: &SentinelGroup, old: u16) {
+    distlock_tests::eventually(Duration::from_secs(30), "the sentinels switched the primary", || async {
+        group.primary_port().await.is_some_and(|port| port != old)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

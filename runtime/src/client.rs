@@ -310,7 +310,9 @@ impl ClientBuilder {
     /// `sentinels` (their URLs, as for [`redis`](Self::redis)). After a failover the client asks them again
     /// and moves to the new primary: calls that failed meanwhile are retried by waiters, and a holder whose
     /// renewals could not reach a primary in time is told its lock is lost. Combine with
-    /// [`wait_for_replicas`](Self::wait_for_replicas) so that a failover cannot lose a grant.
+    /// [`wait_for_replicas`](Self::wait_for_replicas) so that a failover cannot lose a grant. The sentinels'
+    /// own password (or ACL user) goes in their URLs (`redis://:PASSWORD@HOST:26379/`); the data nodes' in
+    /// [`sentinel_primary_password`](Self::sentinel_primary_password).
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
@@ -334,14 +336,16 @@ impl ClientBuilder {
 
     /// The password (and ACL user, if any) of the data nodes behind [`redis_sentinel`](Self::redis_sentinel),
     /// when they need one: the sentinels' URLs authenticate to the sentinels only, and the primary the
-    /// sentinels name (now and after a failover) is reached with these. Only with `redis_sentinel`.
+    /// sentinels name (now and after a failover) is reached with these. Only with `redis_sentinel`. A wrong or
+    /// missing password fails at `build()` saying whether the sentinels or the primary refused.
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
     /// let password = std::env::var("REDIS_PASSWORD").unwrap_or_default();
+    /// // The sentinels' own password in their URLs, the data nodes' ACL user `locker` and its password here.
     /// let client = distlock::Client::builder()
-    ///     .redis_sentinel(["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/", "redis://10.0.0.3:26379/"], "locks")
-    ///     .sentinel_primary_password(None, password)
+    ///     .redis_sentinel(["redis://:s3ntinel@10.0.0.1:26379/", "redis://:s3ntinel@10.0.0.2:26379/"], "locks")
+    ///     .sentinel_primary_password(Some("locker"), password)
     ///     .build()
     ///     .await?;
     /// # drop(client); Ok(()) }

@@ -269,7 +269,7 @@ fn is_socket(server: &str) -> bool {
     server.starts_with("redis+unix://") || server.starts_with("unix://")
 }
 
-fn is_auth_error(e: &redis::RedisError) -> bool {
+pub(crate) fn is_auth_error(e: &redis::RedisError) -> bool {
     e.code() == Some("NOAUTH")
         || e.code() == Some("WRONGPASS")
         || e.to_string().contains("NOAUTH")

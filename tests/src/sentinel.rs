@@ -8,6 +8,17 @@ use crate::{eventually, RedisServer};
 /// The service name the sentinels monitor.
 pub const SERVICE: &str = "distlock-test";
 
+/// The passwords of a [`SentinelGroup::start_with_passwords`] group.
+#[derive(Debug, Clone, Copy)]
+pub struct Passwords {
+    /// The data nodes' (`requirepass` and `masterauth`), which the sentinels give them (`auth-pass`).
+    pub data: &'static str,
+    /// An ACL user on the data nodes, and its password, with every right.
+    pub acl_user: (&'static str, &'static str),
+    /// The sentinels' own (`requirepass`).
+    pub sentinel: &'static str,
+}
+
 /// A primary with replicas and three sentinels (quorum 2), all owned by one test (or, through
 /// [`shared`](SentinelGroup::shared), by a test binary).
 #[derive(Debug)]
@@ -33,14 +44,47 @@ impl SentinelGroup {
     /// Starts a primary with `replicas` replicas and three sentinels, and waits until every sentinel sees
     /// every replica and the other sentinels.
     pub async fn start(replicas: usize) -> Self {
-        let primary = RedisServer::new();
+        Self::start_with(replicas, None).await
+    }
+
+    /// Starts a group as [`start`](Self::start) does, every process behind a password as `passwords` say.
+    pub async fn start_with_passwords(replicas: usize, passwords: &Passwords) -> Self {
+        Self::start_with(replicas, Some(passwords)).await
+    }
+
+    async fn start_with(replicas: usize, passwords: Option<&Passwords>) -> Self {
+        // Every data node both requires the password and gives it to its primary: any may be promoted, and the
+        // old primary, back as a replica, must authenticate to the new one.
+        let data_args: Vec<String> = match passwords {
+            Some(p) => vec![
+                "--requirepass".into(),
+                p.data.into(),
+                "--masterauth".into(),
+                p.data.into(),
+                // One config line, `user NAME on >PASSWORD ~* &* +@all`, given as its words.
+                "--user".into(),
+                p.acl_user.0.into(),
+                "on".into(),
+                format!(">{}", p.acl_user.1),
+                "~*".into(),
+                "&*".into(),
+                "+@all".into(),
+            ],
+            None => vec![],
+        };
+        let primary = RedisServer::with_args(data_args.clone());
         let mut servers = vec![];
         for _ in 0..replicas {
-            servers.push(RedisServer::replica_of(primary.port()).await);
+            servers.push(RedisServer::replica_with_args(primary.port(), data_args.clone()).await);
         }
         servers.insert(0, primary);
-        let sentinels: Vec<RedisServer> =
-            (0..3).map(|_| RedisServer::sentinel(servers[0].port(), SERVICE, 2)).collect();
+        let port = servers[0].port();
+        let sentinels: Vec<RedisServer> = (0..3)
+            .map(|_| match passwords {
+                Some(p) => RedisServer::sentinel_with_passwords(port, SERVICE, 2, p.sentinel, Some(p.data)),
+                None => RedisServer::sentinel(port, SERVICE, 2),
+            })
+            .collect();
         let all: Vec<&RedisServer> = servers.iter().chain(&sentinels).collect();
         let reaper = Some(crate::server::reaper(&all));
         let group = Self { servers, sentinels, reaper };
@@ -81,6 +125,11 @@ impl SentinelGroup {
     /// The sentinels' URLs, for `ClientBuilder::redis_sentinel`.
     pub fn sentinel_urls(&self) -> Vec<String> {
         self.sentinels.iter().map(RedisServer::url).collect()
+    }
+
+    /// The sentinels' URLs with `password` in them (`redis://:PASSWORD@127.0.0.1:PORT/`).
+    pub fn sentinel_urls_with_password(&self, password: &str) -> Vec<String> {
+        self.sentinels.iter().map(|s| format!("redis://:{password}@127.0.0.1:{}/", s.port())).collect()
     }
 
     /// The port of the server the sentinels name as primary now.

@@ -83,8 +83,19 @@ impl RedisServer {
     /// Starts a replica of the server on `primary_port` (`--replicaof`) and waits until its replication link
     /// is up, so writes acknowledged by `WAIT` from then on are on it.
     pub async fn replica_of(primary_port: u16) -> Self {
-        let port = primary_port.to_string();
-        let replica = Self::with_args(["--replicaof", "127.0.0.1", port.as_str()]);
+        Self::replica_with_args(primary_port, Vec::<String>::new()).await
+    }
+
+    /// Starts a replica as [`replica_of`](Self::replica_of) does, with extra `redis-server` arguments (as
+    /// [`with_args`](Self::with_args) takes them), e.g. the `--masterauth` of a primary that needs a password.
+    pub async fn replica_with_args<I, S>(primary_port: u16, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut all: Vec<String> = vec!["--replicaof".into(), "127.0.0.1".into(), primary_port.to_string()];
+        all.extend(args.into_iter().map(Into::into));
+        let replica = Self::with_args(all);
         let conn = replica.connection().await;
         crate::eventually(Duration::from_secs(10), "replication link up", || {
             let mut conn = conn.clone();
@@ -100,14 +111,30 @@ impl RedisServer {
     /// Starts a Sentinel monitoring the primary on `primary_port` as `service` (quorum `quorum`), tuned for
     /// tests: the primary counts as down after 1 s without answers.
     pub fn sentinel(primary_port: u16, service: &str, quorum: u32) -> Self {
+        Self::start_with(
+            default_binary(),
+            vec!["--sentinel".into()],
+            Some(sentinel_config(primary_port, service, quorum)),
+        )
+    }
+
+    /// Starts a Sentinel as [`sentinel`](Self::sentinel) does, behind `password` of its own (`requirepass`,
+    /// which the sentinels also give each other), reaching the data nodes with `auth_pass` (`sentinel
+    /// auth-pass`) when they need one.
+    pub fn sentinel_with_passwords(
+        primary_port: u16,
+        service: &str,
+        quorum: u32,
+        password: &str,
+        auth_pass: Option<&str>,
+    ) -> Self {
         let binary = default_binary();
-        let config = format!(
-            "sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}\n\
-             sentinel down-after-milliseconds {service} 1000\n\
-             sentinel failover-timeout {service} 5000\n\
-             sentinel parallel-syncs {service} 1\n"
-        );
-        Self::start_with(binary, vec!["--sentinel".into()], Some(config))
+        let mut config = sentinel_config(primary_port, service, quorum);
+        if let Some(auth_pass) = auth_pass {
+            config.push_str(&format!("sentinel auth-pass {service} {auth_pass}\n"));
+        }
+        let args = vec!["--sentinel".into(), "--requirepass".into(), password.into()];
+        Self::start_with(binary, args, Some(config))
     }
 
     /// Starts a server that requires `password` (`--requirepass`). [`url`](Self::url) has no password in
@@ -374,6 +401,16 @@ impl Drop for RedisServer {
 /// `$REDIS_SERVER_BIN`, or `redis-server` (looked up on `PATH`).
 pub(crate) fn default_binary() -> PathBuf {
     std::env::var_os("REDIS_SERVER_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("redis-server"))
+}
+
+/// A Sentinel's configuration, tuned for tests: the primary counts as down after 1 s without answers.
+fn sentinel_config(primary_port: u16, service: &str, quorum: u32) -> String {
+    format!(
+        "sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}\n\
+         sentinel down-after-milliseconds {service} 1000\n\
+         sentinel failover-timeout {service} 5000\n\
+         sentinel parallel-syncs {service} 1\n"
+    )
 }
 
 /// A loopback port that was free a moment ago (another process may still take it: callers retry).

@@ -17,7 +17,7 @@ use super::scripts::{self, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY};
 use super::subscriber::Subscriber;
 use super::{timeout_error, ConnectSettings, Hot, RedisBackend, Timeouts};
 use crate::backend::{Attempt, LockKeys, Queueing, Store};
-use crate::error::{redact_url, BackendError, SENTINEL_SERVICE};
+use crate::error::{is_auth_error, redact_url, BackendError, SENTINEL_SERVICE};
 use crate::{LockError, LockToken};
 
 impl RedisBackend {
@@ -121,7 +121,7 @@ impl RedisBackend {
             .set_tcp_settings(TcpSettings::default().set_nodelay(true));
         // An owned name: what `build` takes without the redis crate's TLS feature (with it, any `AsRef<str>`).
         let name = String::from(service);
-        let sentinel = SentinelClient::build(infos, name, Some(node), SentinelServerType::Master)
+        let sentinel = SentinelClient::build(infos.clone(), name, Some(node), SentinelServerType::Master)
             .map_err(|e| url_error(&server, &e))?;
         let sentinel = Arc::new(tokio::sync::Mutex::new(sentinel));
         let epoch = Epoch::default();
@@ -144,6 +144,13 @@ impl RedisBackend {
             // Before the connect timeout, only the redis crate's own connections time out (the primary's is bounded
             // by the same timeout, started later).
             Err(e) if timed_out(&e) => return Err(BackendError::with_hint(&server, SENTINELS_SILENT.into(), e).into()),
+            Err(e) if is_auth_error(&e) => {
+                let hint = match sentinels_refuse(&infos, timeouts).await {
+                    true => SENTINELS_REFUSE,
+                    false => PRIMARY_REFUSES,
+                };
+                return Err(BackendError::with_hint(&server, hint.into(), e).into());
+            }
             Err(e) => return Err(BackendError::new(&server, None, e).into()),
             Ok(conn) => conn,
         };
@@ -284,6 +291,32 @@ fn connect_error(server: &str, timeouts: Timeouts, e: redis::RedisError) -> Back
 fn timed_out(e: &redis::RedisError) -> bool {
     e.is_timeout() || e.to_string().contains("timed out")
 }
+
+/// Whether a sentinel refuses the password (or lack of one) its URL gives: the redis crate's error does not
+/// say whether a sentinel or the primary refused, so each sentinel is asked alone (PING, all at once, within
+/// one connect timeout; one that does not answer tells nothing).
+async fn sentinels_refuse(sentinels: &[redis::ConnectionInfo], timeouts: Timeouts) -> bool {
+    let pings = sentinels.iter().map(|info| {
+        let ping = async move {
+            let client = redis::Client::open(info.clone())?;
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            redis::cmd("PING").query_async::<String>(&mut conn).await
+        };
+        tokio::time::timeout(timeouts.connect, ping)
+    });
+    let answers = futures_util::future::join_all(pings).await;
+    answers.iter().any(|answer| matches!(answer, Ok(Err(e)) if is_auth_error(e)))
+}
+
+/// A sentinel refused its URL's password, or needs one.
+const SENTINELS_REFUSE: &str = "the sentinels require a password, or refused the one given: give the \
+    sentinels' password in their URLs (redis://:PASSWORD@HOST:PORT/, or redis://USER:PASSWORD@HOST:PORT/ for an \
+    ACL user), special characters percent-encoded";
+
+/// The sentinels accept their URLs' passwords: the primary they named refused.
+const PRIMARY_REFUSES: &str = "the primary the sentinels named requires a password, or refused the user name \
+    or password given: give the data nodes' with ClientBuilder::sentinel_primary_password (the sentinels' URLs \
+    authenticate to the sentinels only)";
 
 /// What to do when the sentinels, or the primary they named, did not answer the redis crate's own connections.
 const SENTINELS_SILENT: &str = "no answer from the sentinels, or from the primary they named (the redis crate \
