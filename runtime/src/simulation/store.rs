@@ -83,7 +83,7 @@ impl World {
         self: Arc<Self>,
         client: usize,
         plan: Plan,
-        record: String,
+        records: Vec<String>,
         op: Fut,
         reply: oneshot::Sender<Result<T, LockError>>,
     ) where
@@ -106,7 +106,9 @@ impl World {
         let out = op.await;
         self.trace(|| format!("c{client} #{id} applied: {}", shown(&out)));
         self.next_turn(|state| state.applied[client] += 1);
-        self.check_fence(&record);
+        for record in &records {
+            self.check_fence(record);
+        }
         self.check("store");
         if plan.lose_reply {
             self.trace(|| format!("c{client} #{id} reply LOST (applied)"));
@@ -231,7 +233,7 @@ impl SimStore {
             format!("c{client} #{id} → {what} (legs {:?}/{:?}){faults}", plan.request, plan.reply)
         });
         let (tx, rx) = oneshot::channel();
-        tokio::spawn(Arc::clone(world).carry(client, plan, keys.record.clone(), op, tx));
+        tokio::spawn(Arc::clone(world).carry(client, plan, vec![keys.record.clone()], op, tx));
         let reply = tokio::time::timeout(world.config.response_timeout, rx).await;
         // Nothing reaches a stalled client.
         world.wait_unfrozen(client).await;

@@ -654,14 +654,17 @@ impl Connection {
             Target::Primary => String::new(),
         };
         world.trace(|| format!("c{client} #{id}{to} → {what} (legs {:?}/{:?})", plan.request, plan.reply));
-        // The record a script call is about, for the oracle's fencing check.
+        // The records a script call is about (every key: ACQUIRE_ALL and BATCH take several), for the oracle's
+        // fencing check (found by the simulation's whole workload, redis seed 795: a lock_all grant of three
+        // keys went unseen on the second and third, and a token after a clock step back was not excused).
         let script =
             args.first().is_some_and(|a| a.eq_ignore_ascii_case(b"EVAL") || a.eq_ignore_ascii_case(b"EVALSHA"));
-        let record = match args.first().map(|a| a.to_ascii_uppercase()) {
-            Some(n) if (n == b"EVAL" || n == b"EVALSHA") && args.get(2).is_some_and(|k| k != b"0") => {
-                args.get(3).map(|r| String::from_utf8_lossy(r).into_owned()).unwrap_or_default()
+        let records: Vec<String> = match script {
+            true => {
+                let keys = args.get(2).and_then(|k| std::str::from_utf8(k).ok()?.parse::<usize>().ok()).unwrap_or(0);
+                args.iter().skip(3).take(keys).map(|r| String::from_utf8_lossy(r).into_owned()).collect()
             }
-            _ => String::new(),
+            false => Vec::new(),
         };
         let (tx, rx) = oneshot::channel();
         // The subscriptions' connection is reset by its Disconnection push instead (`disconnect`).
@@ -673,7 +676,7 @@ impl Connection {
             let (world, state) = (Arc::clone(world), Arc::clone(&self.state));
             async move { Ok::<Wire, LockError>(world.apply_wire(client, &state, opened, args).await) }
         };
-        tokio::spawn(Arc::clone(world).carry(client, plan, record, op, tx));
+        tokio::spawn(Arc::clone(world).carry(client, plan, records, op, tx));
         let reply = tokio::time::timeout(world.config.response_timeout, rx).await;
         world.wait_unfrozen(client).await;
         match reply {
