@@ -12,7 +12,7 @@ mod workload;
 
 use std::ops::Range;
 
-use distlock::simulation::{self, Config, Fix, Model, Report};
+use distlock::simulation::{self, Config, Fix, Model, Report, Sim};
 pub use workload::workload;
 
 /// What a run of many schedules found.
@@ -76,6 +76,18 @@ pub fn first_failing(
 }
 
 /// `SIM_WORKLOAD=full`: the whole-API workload on every model.
+/// Waits for every user task of a workload: a task cancelled is one whose client crashed; a panic is a
+/// violation.
+async fn join_users(sim: &Sim, tasks: Vec<tokio::task::JoinHandle<()>>) {
+    for task in tasks {
+        match task.await {
+            Ok(()) => {}
+            Err(e) if e.is_cancelled() => {}
+            Err(e) => sim.violation(format!("a task panicked: {e}")),
+        }
+    }
+}
+
 fn full_workload() -> bool {
     std::env::var("SIM_WORKLOAD").is_ok_and(|w| w == "full")
 }

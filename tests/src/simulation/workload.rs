@@ -78,13 +78,7 @@ pub async fn workload(sim: Sim) {
         spawn(c, sim.spawn(c, shutdown(sim.clone(), handles[c].clone(), c)));
     }
     let nemesis = tokio::spawn(nemesis(sim.clone(), Arc::clone(&aborts)));
-    for task in tasks {
-        match task.await {
-            Ok(()) => {}
-            Err(e) if e.is_cancelled() => {} // its client crashed
-            Err(e) => sim.violation(format!("a task panicked: {e}")),
-        }
-    }
+    super::join_users(&sim, tasks).await;
     nemesis.abort();
 }
 
