@@ -3,7 +3,7 @@
 //!
 //! [`run_one`] runs the workload of issue 32 ([`workload`]): the whole public API, from three to five clients
 //! on one to four keys. [`run_classic`] runs issue 19's (module `classic`), unchanged, for the regression seeds
-//! found in it. Both use only the public API and [`Sim`](distlock::simulation::Sim), so they run on any store
+//! found in it. Both use only the public API and [`Sim`], so they run on any store
 //! model behind it.
 
 mod bodies;
