@@ -12,9 +12,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Announcement, Attempt, HandOver, Hold, LockKeys, Queueing, Store, WakeUps};
+use crate::backend::{Announcement, Attempt, HandOver, LockKeys, Queueing, Store, WakeUps};
 use crate::grant::{Grant, Lease};
-use crate::hooks::{reverted, Fix};
 use crate::observe;
 use crate::shutdown::Activity;
 use crate::{held, Client, LockError, LockGuard, LockRequest, LockToken, RetryStrategy};
@@ -133,7 +132,7 @@ async fn acquire_free(request: &LockRequest, names: &[String]) -> Result<Option<
         return Ok(None);
     };
     let leases: Vec<Lease> =
-        holds.iter().map(|&hold| Lease::granted(request.ttl, sent, reported(request, hold))).collect();
+        holds.iter().map(|&hold| Lease::granted(request.ttl, sent, hold.lease)).collect();
     if holds.len() != pending.len() || leases.iter().any(Lease::is_lost) {
         // The reply came too late to use: dropping `pending` gives the grants back; take the keys one by one.
         return Ok(None);
@@ -203,7 +202,7 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
         };
         let remaining = match attempt {
             Attempt::Granted(hold) => {
-                let lease = Lease::granted(request.ttl, sent, reported(request, hold));
+                let lease = Lease::granted(request.ttl, sent, hold.lease);
                 if !lease.is_lost() {
                     if claiming {
                         handed_over(&pending.keys, hold.fence, started, "claimed");
@@ -283,7 +282,7 @@ async fn give_up(request: &LockRequest, mut pending: Pending, started: Instant) 
         let handed = backend.withdraw(&pending.keys, &pending.token).await?;
         pending.queued = false;
         if let Some(hold) = handed {
-            let lease = Lease::granted(request.ttl, sent, reported(request, hold));
+            let lease = Lease::granted(request.ttl, sent, hold.lease);
             // With replica acknowledgement, nobody waited for the hand-over's write: it cannot count.
             if !lease.is_lost() && !backend.capabilities().replica_acks {
                 handed_over(&pending.keys, hold.fence, started, "withdrawing");
@@ -311,7 +310,7 @@ async fn give_up(request: &LockRequest, mut pending: Pending, started: Instant) 
 async fn give_back(request: &LockRequest, mut pending: Pending, started: Instant) -> Result<Grant, LockError> {
     pending.in_flight = true;
     let backend = &request.client.inner.backend;
-    if reverted(Fix::ReleaseLostByClock) || backend.release(&pending.keys, &pending.token, None).await.is_ok() {
+    if backend.release(&pending.keys, &pending.token, None).await.is_ok() {
         pending.in_flight = false;
     }
     // If the release failed, dropping `pending` tries once more in the background.
@@ -343,20 +342,10 @@ fn grant(request: &LockRequest, pending: Pending, fence: u64, lease: Lease) -> G
 /// registration may have lapsed before the last attempt reached the server, whatever its fencing token says
 /// (tokens go back with the server's clock).
 fn announced(request: &LockRequest, last_busy: Option<BusyAttempt>, handed: HandOver) -> Option<(u64, Lease)> {
-    let fresh = |busy: &BusyAttempt| busy.queued == Some(handed.attempt) || reverted(Fix::FreshAnnouncement);
+    let fresh = |busy: &BusyAttempt| busy.queued == Some(handed.attempt);
     let busy = last_busy.filter(fresh)?;
     let hold = handed.hold;
-    Some((hold.fence, Lease::granted(request.ttl, busy.sent, reported(request, hold))))
-}
-
-/// The lease the server reported for a hold (the full `ttl` asked for only where the simulation reverted that
-/// fix, to show what assuming it breaks).
-fn reported(request: &LockRequest, hold: Hold) -> Duration {
-    if reverted(Fix::LeaseFromServer) {
-        request.ttl
-    } else {
-        hold.lease
-    }
+    Some((hold.fence, Lease::granted(request.ttl, busy.sent, hold.lease)))
 }
 
 /// How long between refreshes of a waiter's place: the retry strategy's delay, at most a third of the lease.

@@ -9,7 +9,6 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{LockKeys, Store};
-use crate::hooks::{reverted, Fix};
 use crate::shutdown::Activity;
 use crate::{Client, LockError, LockToken, LossReason, ReleaseOutcome};
 
@@ -156,9 +155,9 @@ impl Grant {
         self.finished_is_lost() || self.lease().is_lost()
     }
 
-    /// A finished grant reads as lost (unless a simulation reverted that fix).
+    /// A finished grant reads as lost.
     fn finished_is_lost(&self) -> bool {
-        self.is_finished() && !reverted(Fix::FinishedIsLost)
+        self.is_finished()
     }
 
     /// The instant [`is_lost`](Grant::is_lost) compares with: `valid_until`, which losing or finishing the
@@ -297,15 +296,12 @@ impl Grant {
         let in_flight = before & RENEWING != 0;
         self.client.inner.renewer.cancel(self);
         // A finished grant reads as lost, its deadline now at the latest; a renewal still in flight cannot
-        // move it (renewals apply only to leases not lost). (A simulation may revert this fix to show that
-        // it catches what the fix prevents.)
-        if !reverted(Fix::FinishedIsLost) {
-            self.update_lease(|l| {
-                l.lost = true;
-                l.valid_until = l.valid_until.min(Instant::now());
-                true
-            });
-        }
+        // move it (renewals apply only to leases not lost).
+        self.update_lease(|l| {
+            l.lost = true;
+            l.valid_until = l.valid_until.min(Instant::now());
+            true
+        });
         in_flight
     }
 
@@ -352,7 +348,7 @@ impl Grant {
             }
         }
         let mut keep = None;
-        let outcome = if self.lease().gone || (reverted(Fix::ReleaseLostByClock) && self.lease().is_lost()) {
+        let outcome = if self.lease().gone {
             Ok(ReleaseOutcome::Expired)
         } else {
             keep = self.keep_after_release();
@@ -375,31 +371,28 @@ impl Grant {
         // Declared before the ticket, so that it acts after the ticket is dropped.
         let mut unanswered = Unanswered(None);
         // One command setting the lease at a time: a renewal in flight with the old ttl comes back first.
-        let serialized = !reverted(Fix::SerializedExtend);
-        let ticket = if serialized { Some(grant.exclusive().await.ok_or_else(lost)?) } else { None };
+        let ticket = grant.exclusive().await.ok_or_else(lost)?;
         let before = grant.lease();
         if before.is_lost() {
             return Err(lost());
         }
         let sent = Instant::now();
-        if serialized {
-            // The server may set the new lease any moment from now on, and the reply may come late or never:
-            // until it says otherwise, the lease ends no later than either outcome would end it (an extend to
-            // a shorter lease lowers the deadline now, not when its reply arrives).
-            let applied = Lease::granted(ttl, sent, ttl);
-            grant.update_lease(|l| {
-                let shorter = applied.valid_until < l.valid_until;
-                if shorter {
-                    l.valid_until = applied.valid_until;
-                }
-                shorter
-            });
-        }
-        unanswered.0 = serialized.then_some(grant);
+        // The server may set the new lease any moment from now on, and the reply may come late or never: until
+        // it says otherwise, the lease ends no later than either outcome would end it (an extend to a shorter
+        // lease lowers the deadline now, not when its reply arrives).
+        let applied = Lease::granted(ttl, sent, ttl);
+        grant.update_lease(|l| {
+            let shorter = applied.valid_until < l.valid_until;
+            if shorter {
+                l.valid_until = applied.valid_until;
+            }
+            shorter
+        });
+        unanswered.0 = Some(grant);
         let reply = grant.client.inner.backend.renew(&grant.keys, &grant.token, ttl).await;
         unanswered.0 = None;
         let outcome = match reply {
-            Ok(true) if Instant::now() < before.valid_until || !serialized => {
+            Ok(true) if Instant::now() < before.valid_until => {
                 grant.update_lease(|l| {
                     let applies = !l.lost;
                     if applies {
@@ -417,7 +410,6 @@ impl Grant {
                 grant.mark_gone(LossReason::Refused);
                 Err(lost())
             }
-            Err(e) if !serialized => Err(e),
             Err(e) => {
                 // Applied or not, unknown: the earlier deadline assumed above stays. A renewal goes out at once
                 // to restore the lease.

@@ -7,7 +7,6 @@ use tokio::time::Instant;
 
 use crate::backend::{Fencing, Store};
 use crate::grant::Grant;
-use crate::hooks::{reverted, Fix};
 use crate::{LockError, LockToken};
 
 /// What [`LockGuard::release`] found.
@@ -406,7 +405,7 @@ impl Drop for LockGuard {
             let grant = &part.grant;
             // The server said the token no longer holds the lock: nothing to release. A lock lost by the clock
             // alone is released all the same (by token, so never another owner's): the server may still hold it.
-            if grant.lease().gone || (reverted(Fix::ReleaseLostByClock) && grant.lease().is_lost()) {
+            if grant.lease().gone {
                 grant.abandon();
             } else if self.runtime.is_some() {
                 grants.push(Arc::clone(grant));

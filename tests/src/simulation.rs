@@ -12,7 +12,7 @@ mod workload;
 
 use std::ops::Range;
 
-use distlock::simulation::{self, Config, Fix, Model, Report, Sim};
+use distlock::simulation::{self, Config, Model, Report, Sim};
 pub use workload::workload;
 
 /// What a run of many schedules found.
@@ -25,20 +25,19 @@ pub struct Summary {
     pub failing: Vec<(u64, String)>,
 }
 
-/// Runs schedule `seed` (with `reverted` turned off in the engine), tracing every step if `trace`.
-pub fn run_one(seed: u64, reverted: Option<Fix>, trace: bool) -> Report {
-    run_one_on(Model::Memory, seed, reverted, trace)
+/// Runs schedule `seed`, tracing every step if `trace`.
+pub fn run_one(seed: u64, trace: bool) -> Report {
+    run_one_on(Model::Memory, seed, trace)
 }
 
 /// Runs schedule `seed` on the store `model`.
-pub fn run_one_on(model: Model, seed: u64, reverted: Option<Fix>, trace: bool) -> Report {
+pub fn run_one_on(model: Model, seed: u64, trace: bool) -> Report {
     let mut config = Config::new(seed);
     // Redlock's schedules alternate between groups of 3 and 5 servers.
     config.model = match model {
         Model::Redlock(_) => Model::Redlock(if seed.is_multiple_of(2) { 3 } else { 5 }),
         other => other,
     };
-    config.reverted = reverted;
     config.trace = trace;
     if model == Model::Memory || full_workload() {
         config.clients = clients(seed);
@@ -93,9 +92,8 @@ fn full_workload() -> bool {
 }
 
 /// Runs schedule `seed` of issue 19's workload, as [`run_one`] ran it when its regression seeds were found.
-pub fn run_classic(seed: u64, reverted: Option<Fix>, trace: bool) -> Report {
+pub fn run_classic(seed: u64, trace: bool) -> Report {
     let mut config = Config::new(seed);
-    config.reverted = reverted;
     config.trace = trace;
     simulation::run(config, classic::workload)
 }
@@ -117,12 +115,12 @@ fn clients(seed: u64) -> usize {
 
 /// Runs the schedules of `seeds` on `threads` threads; with `stop_early`, each thread stops at its first
 /// failing seed.
-pub fn run_many(seeds: Range<u64>, reverted: Option<Fix>, threads: u64, stop_early: bool) -> Summary {
-    run_many_on(Model::Memory, seeds, reverted, threads, stop_early)
+pub fn run_many(seeds: Range<u64>, threads: u64, stop_early: bool) -> Summary {
+    run_many_on(Model::Memory, seeds, threads, stop_early)
 }
 
 /// [`run_many`] on the store `model`.
-pub fn run_many_on(model: Model, seeds: Range<u64>, reverted: Option<Fix>, threads: u64, stop_early: bool) -> Summary {
+pub fn run_many_on(model: Model, seeds: Range<u64>, threads: u64, stop_early: bool) -> Summary {
     let results: Vec<Summary> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|thread| {
@@ -130,7 +128,7 @@ pub fn run_many_on(model: Model, seeds: Range<u64>, reverted: Option<Fix>, threa
                 scope.spawn(move || {
                     let mut summary = Summary::default();
                     for seed in seeds.filter(|s| s % threads == thread) {
-                        let report = run_one_on(model, seed, reverted, false);
+                        let report = run_one_on(model, seed, false);
                         summary.schedules += 1;
                         summary.faults += report.faults;
                         summary.violations += report.violations.len() as u64;

@@ -27,7 +27,6 @@ use tokio::time::Instant;
 use crate::backend::{Backend, MemoryBackend, RedisBackend, RedlockBackend, ReplicaAcks, Timeouts};
 use crate::client::ClientInner;
 use crate::grant::Grant;
-pub use crate::hooks::Fix;
 use crate::{Client, LockGuard};
 pub use mutation::{lua_mutants, LuaMutant};
 pub use outcomes::Releasing;
@@ -93,8 +92,6 @@ pub struct Config {
     pub clients: usize,
     /// Print every call, reply, fault, stall and observation.
     pub trace: bool,
-    /// The fix of issue 15 to turn off, to show that the oracle catches its bug.
-    pub reverted: Option<Fix>,
     /// How long a store call may take before it fails with a timeout.
     pub response_timeout: Duration,
     /// The longest one leg (request or reply) takes when nothing goes wrong.
@@ -123,7 +120,6 @@ impl Config {
             lua_mutant: None,
             clients: 3,
             trace: false,
-            reverted: None,
             response_timeout: Duration::from_millis(500),
             normal_delay: Duration::from_millis(2),
             slow_delay: Duration::from_millis(300),
@@ -220,10 +216,6 @@ pub(crate) fn hook_random_u64() -> Option<u64> {
 pub(crate) fn hook_wall_clock_micros() -> Option<u128> {
     // A fixed epoch (late 2023), so fencing tokens look like the real ones and rise with simulated time.
     current().map(|world| 1_700_000_000_000_000 + world.start.elapsed().as_micros())
-}
-
-pub(crate) fn hook_reverted(fix: Fix) -> bool {
-    current().is_some_and(|world| world.config.reverted == Some(fix))
 }
 
 /// Clears this thread's world when the schedule ends, also by a panic.

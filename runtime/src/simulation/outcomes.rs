@@ -164,10 +164,18 @@ impl World {
                 let since = state.truth.attempted.get(token).copied().unwrap_or(from).min(from);
                 all.iter().filter(|a| a.at >= since && a.at <= to).any(|a| a.found == Found::Ours)
             }
-            ReleaseOutcome::TakenByOther => within.any(|a| a.found == Found::Other),
+            // A send of this release that found the grant freed it: a later send (the reply of the first one
+            // lost) that finds it free or handed over must not say it was lost.
+            ReleaseOutcome::TakenByOther => {
+                let found: Vec<Found> = within.map(|a| a.found).collect();
+                !found.contains(&Found::Ours) && found.contains(&Found::Other)
+            }
             ReleaseOutcome::Unconfirmed => within.any(|a| a.resent),
             ReleaseOutcome::Nested => false,
-            ReleaseOutcome::Expired if within.peek().is_some() => within.any(|a| a.found != Found::Ours),
+            ReleaseOutcome::Expired if within.peek().is_some() => {
+                let found: Vec<Found> = within.map(|a| a.found).collect();
+                !found.contains(&Found::Ours) && found.contains(&Found::Nobody)
+            }
             // Nothing sent (the store said the grant was gone): it must be.
             ReleaseOutcome::Expired => {
                 drop(state);
