@@ -37,6 +37,11 @@ enum Found {
     Nobody,
 }
 
+/// Whether a resend came after a send that found the grant, among the releases applied in one release's time.
+fn resent_after_ours(applied: &[Applied]) -> bool {
+    applied.iter().position(|a| a.found == Found::Ours).is_some_and(|i| applied[i + 1..].iter().any(|a| a.resent))
+}
+
 /// One release the store applied.
 #[derive(Debug, Clone, Copy)]
 struct Applied {
@@ -164,17 +169,18 @@ impl World {
                 let since = state.truth.attempted.get(token).copied().unwrap_or(from).min(from);
                 all.iter().filter(|a| a.at >= since && a.at <= to).any(|a| a.found == Found::Ours)
             }
-            // A send of this release that found the grant freed it: a later send (the reply of the first one
-            // lost) that finds it free or handed over must not say it was lost.
+            // A resend of a release (its first send's reply lost) after a send that found the grant: that send
+            // freed it, so "lost" is false (a concurrent release of the same grant, by a shutdown or a
+            // give-back, is not this one's and may leave it free).
             ReleaseOutcome::TakenByOther => {
-                let found: Vec<Found> = within.map(|a| a.found).collect();
-                !found.contains(&Found::Ours) && found.contains(&Found::Other)
+                let found: Vec<Applied> = within.copied().collect();
+                !resent_after_ours(&found) && found.iter().any(|a| a.found == Found::Other)
             }
             ReleaseOutcome::Unconfirmed => within.any(|a| a.resent),
             ReleaseOutcome::Nested => false,
             ReleaseOutcome::Expired if within.peek().is_some() => {
-                let found: Vec<Found> = within.map(|a| a.found).collect();
-                !found.contains(&Found::Ours) && found.contains(&Found::Nobody)
+                let found: Vec<Applied> = within.copied().collect();
+                !resent_after_ours(&found) && found.iter().any(|a| a.found == Found::Nobody)
             }
             // Nothing sent (the store said the grant was gone): it must be.
             ReleaseOutcome::Expired => {
