@@ -144,8 +144,11 @@ async fn hold(sim: &Sim, client: &Client, c: usize, key: &str, name: &str, try_o
     match sim.below(3) {
         0 => drop(guard),
         1 => {
+            // Issue 32's oracle checks the outcome here too (issue 19's workload only traced it): the models with
+            // simulated servers run this workload, and their resends are where a wrong outcome comes from.
+            let releasing = sim.releasing(&guard);
             let outcome = guard.release().await;
-            sim.trace(|| format!("c{c} {name}: released: {outcome:?}"));
+            sim.released(c, releasing, &outcome, name);
         }
         _ => {
             let outcome = maybe_cancelled(sim, Duration::from_millis(5), guard.release()).await;
