@@ -131,8 +131,7 @@ async fn acquire_free(request: &LockRequest, names: &[String]) -> Result<Option<
         pending.iter_mut().for_each(|p| p.in_flight = false); // nothing was granted
         return Ok(None);
     };
-    let leases: Vec<Lease> =
-        holds.iter().map(|&hold| Lease::granted(request.ttl, sent, hold.lease)).collect();
+    let leases: Vec<Lease> = holds.iter().map(|&hold| Lease::granted(request.ttl, sent, hold.lease)).collect();
     if holds.len() != pending.len() || leases.iter().any(Lease::is_lost) {
         // The reply came too late to use: dropping `pending` gives the grants back; take the keys one by one.
         return Ok(None);

@@ -6,8 +6,10 @@
 //! - a server's clock stepping forward ends its records early by the step: a lease is excused only when the
 //!   steps since it was sent exceed its drift allowance (S1 holds "while clocks drift less than the drift
 //!   allowance"); within the allowance it is checked as always, so the boundary is checked from both sides;
-//! - fencing tokens rise "as long as the server's clock does not step back by more than the time since the
-//!   key's last grant": a token not above the last is excused only then.
+//! - fencing tokens rise while the server remembers a key's last token, which it must for at least the ttl of
+//!   the key's last grant unless it lost its state (a restart, a failover): a token not above the last is
+//!   excused only when neither holds (Correctness II's schedule 2); then it went back because a clock stands
+//!   behind the last token (README, Fencing: a step back by more than the ttl).
 
 use std::time::Duration;
 
@@ -118,24 +120,39 @@ impl World {
         self.peek_each(record).iter().filter(|s| matches!(s, Some((Some(t), ..)) if t == token)).count()
     }
 
-    /// A server's clock stepped back by `micros` (or a failover went to a server that far behind): for every
-    /// key whose last grant is more recent than that, the README's assumption for its tokens is broken, and its
-    /// next grant may take a token below the last. Excused once; the clock is consistent with the tokens after.
-    pub(super) fn stepped_back(&self, micros: i64) {
-        let now = Instant::now();
-        let mut state = self.state();
-        let broken: Vec<String> = state
-            .fence_seen
-            .iter()
-            .filter(|(_, &at)| (now.saturating_duration_since(at).as_micros() as i64) < micros)
-            .map(|(record, _)| record.clone())
-            .collect();
-        state.fence_void.extend(broken);
+    /// A script call about to run asks for `ttl` (ms, as sent) for `token`'s grant or renewal: the shortest
+    /// one asked is what the oracle holds the server's memory of the token to (an extend to a shorter ttl
+    /// shortens it, README; an extend that fails still counts, as its outcome may be unknown).
+    pub(super) fn asked(&self, token: &str, ttl: &str) {
+        if let Ok(ms) = ttl.parse::<u64>() {
+            let ttl = Duration::from_millis(ms);
+            self.state().ttl_asked.entry(token.to_owned()).and_modify(|t| *t = (*t).min(ttl)).or_insert(ttl);
+        }
     }
 
-    /// Whether a fencing token of `record` not above the last one is past the README's assumption (and the
-    /// excuse is used up).
-    pub(super) fn fence_excused(&self, record: &str) -> bool {
-        self.config.model != Model::Memory && self.state().fence_void.remove(record)
+    /// Whether a new owner's fencing token not above that of the last owner (`last_token`, whose grant was
+    /// first seen at `last_seen`) is within the README's assumption. A grant takes the server's clock as its
+    /// token unless the server remembers a higher last token (then last + 1), and the server must remember it
+    /// for at least the ttl of the last grant (the shortest it asked for: an extend to less shortens it). So a token may
+    /// go back only once that ttl has passed since the last grant on the server's clock (a step forward counts),
+    /// or after a server lost its state (a restart
+    /// without persistence, a failover) since — and then only because a clock stands behind the last token (a
+    /// step back, or a promoted replica's clock behind). Before the ttl has passed, whatever the clock did, it
+    /// must rise (Correctness II's schedule 2).
+    pub(super) fn fence_excused(&self, last_token: Option<&str>, last_seen: Option<Instant>) -> bool {
+        if self.config.model == Model::Memory {
+            return false;
+        }
+        let Some(granted) = last_seen else { return false };
+        let since = Instant::now().saturating_duration_since(granted);
+        let nodes = self.nodes();
+        let lost = nodes.iter().flat_map(|n| n.restarts.iter().copied().chain(n.reset_at)).any(|at| at >= granted);
+        // A server clock stepped forward ends a ttl that much earlier.
+        let forward: i64 =
+            nodes.iter().flat_map(|n| &n.steps).filter(|(at, step)| *at >= granted && *step > 0).map(|(_, s)| s).sum();
+        drop(nodes);
+        let elapsed = since + Duration::from_micros(forward.unsigned_abs());
+        let ttl = last_token.and_then(|token| self.state().ttl_asked.get(token).copied());
+        lost || ttl.is_none_or(|ttl| elapsed >= ttl)
     }
 }

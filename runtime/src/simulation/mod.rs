@@ -183,8 +183,8 @@ struct State {
     last_fence: std::collections::BTreeMap<String, (Option<String>, u64)>,
     /// Per record: when its last owner's grant was first seen.
     fence_seen: std::collections::BTreeMap<String, Instant>,
-    /// Records whose next token may go back: a clock stepped back past the README's assumption for them.
-    fence_void: std::collections::BTreeSet<String>,
+    /// Per token: the shortest ttl its acquires and renewals asked for (the models with simulated servers).
+    ttl_asked: std::collections::BTreeMap<String, Duration>,
     /// Every (record, owner token) the store was seen to hold.
     owners_seen: std::collections::BTreeSet<(String, String)>,
     /// Which client sent each token the store has seen.
@@ -283,7 +283,7 @@ impl World {
             probes: Vec::new(),
             last_fence: Default::default(),
             fence_seen: Default::default(),
-            fence_void: Default::default(),
+            ttl_asked: Default::default(),
             owners_seen: Default::default(),
             owners: Default::default(),
             issued: vec![0; clients],
@@ -563,9 +563,6 @@ impl Sim {
         nodes[server].clock_offset_us += micros;
         nodes[server].steps.push((Instant::now(), micros));
         drop(nodes);
-        if micros < 0 {
-            self.0.stepped_back(-micros);
-        }
         self.0.trace(|| format!("server {server} CLOCK STEPPED by {micros} µs"));
     }
 

@@ -161,12 +161,14 @@ impl World {
         }
         let last = state.last_fence.insert(record.to_owned(), (token.clone(), fence));
         // When the last owner's grant was first seen: the clock assumption counts from it.
+        let mut last_seen = None;
         if last.as_ref().is_none_or(|(last_token, _)| *last_token != token) {
-            state.fence_seen.insert(record.to_owned(), Instant::now());
+            last_seen = state.fence_seen.insert(record.to_owned(), Instant::now());
         }
         drop(state);
         if let Some((last_token, last_fence)) = last {
-            if last_token != token && fence <= last_fence && !self.fence_excused(record) {
+            let excused = || self.fence_excused(last_token.as_deref(), last_seen);
+            if last_token != token && fence <= last_fence && !excused() {
                 self.violation(format!("fencing token {fence} of a new owner of {record} is not above {last_fence}"));
             }
         }

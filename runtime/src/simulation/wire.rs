@@ -218,9 +218,15 @@ impl World {
                     Report::Release { record, token, resent, after_acquire } => {
                         self.applying_release(record, token, *resent, *after_acquire)
                     }
-                    Report::Renew { record, token } => self.applying_renew(record, token),
+                    Report::Renew { record, token, ttl } => {
+                        self.asked(token, ttl);
+                        self.applying_renew(record, token)
+                    }
                     Report::ForceUnlock { record } => self.applying_force_unlock(record),
-                    Report::Acquire { token } => self.applying_acquire(token),
+                    Report::Acquire { token, ttl } => {
+                        self.asked(token, ttl);
+                        self.applying_acquire(token)
+                    }
                 }
             }
             nodes = self.nodes();
@@ -411,9 +417,6 @@ impl World {
         // the old primary wrote (their expiry is absolute, so they end that much earlier).
         let step = nodes[new].clock_offset_us - nodes[old].clock_offset_us;
         nodes[new].steps.push((now, step));
-        if step < 0 {
-            self.stepped_back(-step);
-        }
         let promoted = nodes[new].redis.snapshot(self.node_now_us(&nodes[new]));
         let promoted: Effects = promoted.into_iter().map(|(k, e)| (k, Some(e))).collect();
         let offset = nodes[new].offset;
@@ -466,12 +469,14 @@ enum Report {
     Renew {
         record: String,
         token: String,
+        ttl: String,
     },
     ForceUnlock {
         record: String,
     },
     Acquire {
         token: String,
+        ttl: String,
     },
 }
 
@@ -494,17 +499,23 @@ fn reported_to_oracle(redis: &SimRedis, args: &[Vec<u8>]) -> Vec<Report> {
         "RELEASE" => {
             vec![Report::Release { record: key(1), token: arg(1), resent: arg(3) == "1", after_acquire: false }]
         }
-        "RENEW" => vec![Report::Renew { record: key(1), token: arg(1) }],
-        "RENEW_MANY" => (1..=keys).map(|i| Report::Renew { record: key(i), token: arg(2 * i - 1) }).collect(),
+        "RENEW" => vec![Report::Renew { record: key(1), token: arg(1), ttl: arg(2) }],
+        "RENEW_MANY" => {
+            (1..=keys).map(|i| Report::Renew { record: key(i), token: arg(2 * i - 1), ttl: arg(2 * i) }).collect()
+        }
         "FORCE_UNLOCK" => vec![Report::ForceUnlock { record: key(1) }],
-        "ACQUIRE" => vec![Report::Acquire { token: arg(1) }],
-        "ACQUIRE_ALL" => (1..=keys).map(|i| Report::Acquire { token: arg(2 + i) }).collect(),
+        "ACQUIRE" => vec![Report::Acquire { token: arg(1), ttl: arg(2) }],
+        "ACQUIRE_ALL" => (1..=keys).map(|i| Report::Acquire { token: arg(2 + i), ttl: arg(1) }).collect(),
         "BATCH" => {
             // ARGV[1]: one letter per operation; each operation's arguments follow, in order (batch.lua).
             let (mut reports, mut acquired) = (Vec::new(), Vec::new());
-            let mut at = 2;
+            let (mut at, mut last_ttl) = (2, String::new());
             for (i, op) in arg(1).bytes().enumerate() {
                 let (record, token) = (key(i + 1), arg(at));
+                // 'b' takes the ttl of the last 'a' before it.
+                if matches!(op, b'a' | b'p' | b'q') {
+                    last_ttl = arg(at + 1);
+                }
                 at += match op {
                     b'a' => 3,
                     b'b' | b'r' => 1,
@@ -519,7 +530,7 @@ fn reported_to_oracle(redis: &SimRedis, args: &[Vec<u8>]) -> Vec<Report> {
                     reports.push(Report::Release { record, token, resent: op == b's', after_acquire });
                 } else {
                     acquired.push(record);
-                    reports.push(Report::Acquire { token });
+                    reports.push(Report::Acquire { token, ttl: last_ttl.clone() });
                 }
             }
             reports

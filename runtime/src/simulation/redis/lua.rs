@@ -35,15 +35,16 @@ pub(super) struct Run {
     pub(super) keyspace: Keyspace,
     /// The call's context: its clock, the script's protocol, what it publishes and writes.
     pub(super) ctx: Ctx,
-    /// Millions of Lua instructions the script has run (counted by the engine's hook).
+    /// Thousands of Lua instructions the script has run (counted by the engine's hook).
     instructions: u64,
 }
 
-/// The most Lua instructions one script may run, in millions. Redis lets a script run for ever (others get
+/// The most Lua instructions one script may run, in thousands. Redis lets a script run for ever (others get
 /// BUSY until SCRIPT KILL); a simulation cannot wait for ever, so a script that runs away fails instead. The
-/// production scripts run a few thousand: a million is far past any of them, and keeps a mutant whose loop
-/// runs away (the `lua_mutants` report) from costing a second per call.
-const INSTRUCTION_BUDGET: u64 = 1;
+/// production scripts run a few thousand: a million is far past any of them. Past the budget the hook raises
+/// every thousand instructions, so a script that catches the error (BATCH runs each operation under pcall)
+/// still cannot loop on: a mutant whose loop runs away (the `lua_mutants` report) fails in milliseconds.
+const INSTRUCTION_BUDGET: u64 = 1_000;
 
 /// The Lua state and the script cache.
 pub(super) struct Engine {
@@ -133,7 +134,7 @@ impl Engine {
         let (env, runner): (Table, Function) = lua.load(SETUP).set_name("=sim").call((globals.clone(), unwrap))?;
         let tostring: Function = globals.raw_get("tostring")?;
         let handler = lua.create_function(move |lua, error: Value| error_handler(lua, &tostring, error))?;
-        lua.set_hook(HookTriggers::new().every_nth_instruction(1_000_000), |lua, _| {
+        lua.set_hook(HookTriggers::new().every_nth_instruction(1_000), |lua, _| {
             let spent = lua.app_data_mut::<Run>().map(|mut run| {
                 run.instructions += 1;
                 run.instructions
