@@ -204,3 +204,14 @@ fn redis_seed_3_a_release_sent_again_after_a_lost_reply_reports_its_own_release(
     let report = run_one_on(Model::Redis, 3, false);
     assert!(report.violations.is_empty(), "redis seed 3: {:#?}", report.violations);
 }
+
+/// Correctness II's schedule 2, found by this simulation with its fix undone (redis seed 512, issue 32: the
+/// hand-over's `R:last` kept only for the hand-over lease, `min_hold`'s for `keep`): a hand-over lapsed
+/// unclaimed, the server forgot the last token with it, its clock had stepped back 823 ms, and the next grant
+/// took a token below the last one. The oracle holds tokens to the server's memory of the last one (at least
+/// the last grant's ttl), which the fix keeps.
+#[test]
+fn redis_seed_512_a_lapsed_hand_over_keeps_the_last_token_for_the_heir_s_ttl() {
+    let report = run_one_on(Model::Redis, 512, false);
+    assert!(report.violations.is_empty(), "redis seed 512: {:#?}", report.violations);
+}
