@@ -240,8 +240,10 @@ where
         .start_paused(true)
         .build()
         .expect("a current-thread runtime");
+    let mut weak = std::sync::Weak::new();
     let report = runtime.block_on(async {
         let world = Arc::new(World::new(config));
+        weak = Arc::downgrade(&world);
         world.set_up_servers();
         let _installed = Installed;
         CURRENT.with(|c| *c.borrow_mut() = Some(Arc::clone(&world)));
@@ -259,6 +261,16 @@ where
     // Tasks still pending (blackholed calls, crashed clients) are dropped with the runtime, hooks still set
     // to nothing: the world is already gone from this thread.
     drop(runtime);
+    let mut report = report;
+    // Everything of the schedule is gone now, the clients too: anything still holding the world is a reference
+    // cycle (found so: the Redis backend's announcement connection held itself through its push handler, so
+    // a dropped client kept that connection open).
+    if weak.strong_count() != 0 {
+        report.violations.push(format!(
+            "the world outlived its schedule: {} strong references left (a reference cycle)",
+            weak.strong_count()
+        ));
+    }
     report
 }
 

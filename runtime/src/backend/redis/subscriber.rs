@@ -92,7 +92,7 @@ impl Subscriber {
         let epoch = self.epoch.clone();
         let resubscribe = Resubscribe {
             channels: Arc::clone(&self.channels),
-            connection: Arc::clone(&self.connection),
+            connection: Arc::downgrade(&self.connection),
             commands: Arc::clone(&self.commands),
             runtime: tokio::runtime::Handle::try_current().ok(),
         };
@@ -151,7 +151,7 @@ impl Subscriber {
     pub(super) fn after_reconnect(&self) -> impl Fn() + Send + Sync + 'static {
         let resubscribe = Resubscribe {
             channels: Arc::clone(&self.channels),
-            connection: Arc::clone(&self.connection),
+            connection: Arc::downgrade(&self.connection),
             commands: Arc::clone(&self.commands),
             runtime: tokio::runtime::Handle::try_current().ok(),
         };
@@ -254,7 +254,9 @@ impl Subscriber {
 #[derive(Clone)]
 struct Resubscribe {
     channels: Arc<Mutex<HashMap<Vec<u8>, Channel>>>,
-    connection: Arc<tokio::sync::OnceCell<Link>>,
+    /// Weak: this lives in the push handler of the very connection it names, and a strong reference would
+    /// keep that connection (its socket and task) alive after the client is dropped.
+    connection: std::sync::Weak<tokio::sync::OnceCell<Link>>,
     commands: Arc<tokio::sync::Mutex<()>>,
     runtime: Option<tokio::runtime::Handle>,
 }
@@ -276,7 +278,7 @@ impl Resubscribe {
         for _ in 0..Self::ATTEMPTS {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Self::MAX_PAUSE);
-            let Some(mut conn) = self.connection.get().cloned() else { return };
+            let Some(mut conn) = self.connection.upgrade().and_then(|cell| cell.get().cloned()) else { return };
             let _serial = self.commands.lock().await;
             let names: Vec<Vec<u8>> = lock_channels(&self.channels)
                 .iter()
