@@ -222,7 +222,6 @@ impl Link {
                 // way is a round trip to a node, next to which one allocation is nothing.
                 let result = Box::pin(link.connection().route_command(cmd, route)).await;
                 link.note(&result);
-                self.epoch.note(&result);
                 Ok(redis::from_redis_value(result?)?)
             }
             _ => cmd.query_async(&mut self.clone()).await,
@@ -266,7 +265,6 @@ impl Link {
                 let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host: host.to_owned(), port });
                 let result = Box::pin(link.connection().route_command(cmd, route)).await;
                 link.note(&result);
-                self.epoch.note(&result);
                 Ok(redis::from_redis_value(result?)?)
             }
             _ => cmd.query_async(&mut self.clone()).await,
@@ -331,21 +329,34 @@ impl Link {
 
 impl Link {
     fn send<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let epoch = self.epoch.clone();
+        let epoch = self.per_call_epoch();
         let call = self.send_on_conn(cmd);
         Box::pin(async move {
             let result = call.await;
-            epoch.note(&result);
+            if let Some(epoch) = &epoch {
+                epoch.note(&result);
+            }
             result
         })
     }
 
+    /// The epoch a failed call moves: none on a cluster, where a call fails on one node while the epoch is
+    /// the whole link's (a rebuild still moves it). Moving it there made a failing shard's errors count every
+    /// healthy shard's concurrent writes as unacknowledged (`NotReplicated` on a healthy shard during a
+    /// failover: `cluster_failover.rs`). What stays unguarded on a cluster: one node's connection replaced by
+    /// the redis crate between a write and its `WAIT`, as before the epoch existed, until it is kept per node.
+    fn per_call_epoch(&self) -> Option<Epoch> {
+        (!matches!(self.conn, Conn::Cluster(_))).then(|| self.epoch.clone())
+    }
+
     fn send_all<'a>(&'a mut self, cmd: &'a Pipeline, offset: usize, count: usize) -> RedisFuture<'a, Vec<Value>> {
-        let epoch = self.epoch.clone();
+        let epoch = self.per_call_epoch();
         let call = self.send_all_on_conn(cmd, offset, count);
         Box::pin(async move {
             let result = call.await;
-            epoch.note(&result);
+            if let Some(epoch) = &epoch {
+                epoch.note(&result);
+            }
             result
         })
     }
