@@ -89,10 +89,22 @@ async fn failover(failure: Failure, acknowledged: bool) {
     let healthy = tokio::spawn({
         let (client, done, slowest, key) = (holder_client.clone(), done.clone(), slowest.clone(), healthy_key.clone());
         async move {
-            let mut cycles = 0u32;
+            let (mut cycles, mut unconfirmed) = (0u32, 0u32);
             while !done.load(Ordering::Relaxed) {
                 let started = Instant::now();
-                let guard = client.lock(&key).acquire().await.expect("a lock on a healthy shard");
+                let guard = match client.lock(&key).acquire().await {
+                    Ok(guard) => guard,
+                    // With `wait_for_replicas`: a grant whose `WAIT` spans the cluster connection's rebuild (set off
+                    // by the killed node's timeouts) cannot be vouched for, as a `WAIT` on a new connection counts no
+                    // write; it is given back and fails as NotReplicated, a transient error (README, Redis Cluster).
+                    // A handful at most: one per rebuild, and rebuilds are spaced.
+                    Err(distlock::LockError::NotReplicated { .. }) if unconfirmed < 5 => {
+                        unconfirmed += 1;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                    Err(e) => panic!("a lock on a healthy shard ({unconfirmed} NotReplicated before): {e:?}"),
+                };
                 assert_eq!(guard.release().await.expect("release on a healthy shard"), ReleaseOutcome::Released);
                 let took = started.elapsed();
                 {
@@ -101,6 +113,9 @@ async fn failover(failure: Failure, acknowledged: bool) {
                 }
                 cycles += 1;
                 tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            if unconfirmed > 0 {
+                eprintln!("healthy shard: {unconfirmed} grants NotReplicated across a rebuild, {cycles} cycles");
             }
             cycles
         }
