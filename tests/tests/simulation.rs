@@ -17,6 +17,12 @@ fn env(name: &str) -> Option<u64> {
     Some(value.trim().parse().unwrap_or_else(|_| panic!("{name}={value:?} is not a number")))
 }
 
+/// Schedule `seed` on `model` (a regression seed) runs without a violation.
+fn assert_clean(model: Model, seed: u64) {
+    let report = run_one_on(model, seed, false);
+    assert!(report.violations.is_empty(), "{} seed {seed}: {:#?}", model.name(), report.violations);
+}
+
 /// Prints past the test harness's capture: the summary line shows in every run.
 fn say(line: &str) {
     let _ = writeln!(std::io::stdout().lock(), "{line}");
@@ -132,8 +138,7 @@ fn seeds_with_a_shutdown_replay_exactly() {
 /// three servers, below the holder's deadline. A server's renewal now ends with its round.
 #[test]
 fn redlock_seed_308_a_renewal_ends_with_its_round() {
-    let report = run_one_on(Model::Redlock(3), 308, false);
-    assert!(report.violations.is_empty(), "redlock seed 308: {:#?}", report.violations);
+    assert_clean(Model::Redlock(3), 308);
 }
 
 /// Regression, found by this simulation on Redlock (seed 3550, issue 32): an acquire round's call whose reply
@@ -142,8 +147,7 @@ fn redlock_seed_308_a_renewal_ends_with_its_round() {
 /// server of three. A renewal no longer counts a server where an acquire of its token is still under way.
 #[test]
 fn redlock_seed_3550_a_renewal_does_not_count_a_server_an_earlier_attempt_may_give_back() {
-    let report = run_one_on(Model::Redlock(3), 3550, false);
-    assert!(report.violations.is_empty(), "redlock seed 3550: {:#?}", report.violations);
+    assert_clean(Model::Redlock(3), 3550);
 }
 
 /// Regression, found by this simulation on a replicated primary (redis+replicas seed 2515, issue 32; first seen
@@ -153,8 +157,7 @@ fn redlock_seed_3550_a_renewal_does_not_count_a_server_an_earlier_attempt_may_gi
 /// link made no new connection since the write was sent.
 #[test]
 fn replicas_seed_2515_a_wait_on_a_new_connection_does_not_count_the_write() {
-    let report = run_one_on(Model::RedisReplicas, 2515, false);
-    assert!(report.violations.is_empty(), "redis+replicas seed 2515: {:#?}", report.violations);
+    assert_clean(Model::RedisReplicas, 2515);
 }
 
 /// Regression, found by this simulation once a stall stops a client's own tasks (memory seed 10, issue 32): a
@@ -162,8 +165,7 @@ fn replicas_seed_2515_a_wait_on_a_new_connection_does_not_count_the_write() {
 /// it in the same task, dropped it. The loss is now looked at first.
 #[test]
 fn memory_seed_10_a_body_resumed_after_a_stall_is_dropped_before_its_next_step() {
-    let report = run_one(10, false);
-    assert!(report.violations.is_empty(), "memory seed 10: {:#?}", report.violations);
+    assert_clean(Model::Memory, 10);
 }
 
 /// The Lua mutation report (not run by default; `cargo test --release -p distlock-tests --test simulation --
@@ -201,8 +203,7 @@ fn lua_mutants() {
 /// release in `R:last` and reports `Released`.
 #[test]
 fn redis_seed_3_a_release_sent_again_after_a_lost_reply_reports_its_own_release() {
-    let report = run_one_on(Model::Redis, 3, false);
-    assert!(report.violations.is_empty(), "redis seed 3: {:#?}", report.violations);
+    assert_clean(Model::Redis, 3);
 }
 
 /// Correctness II's schedule 2, found by this simulation with its fix undone (redis seed 512, issue 32: the
@@ -212,6 +213,5 @@ fn redis_seed_3_a_release_sent_again_after_a_lost_reply_reports_its_own_release(
 /// the last grant's ttl), which the fix keeps.
 #[test]
 fn redis_seed_512_a_lapsed_hand_over_keeps_the_last_token_for_the_heir_s_ttl() {
-    let report = run_one_on(Model::Redis, 512, false);
-    assert!(report.violations.is_empty(), "redis seed 512: {:#?}", report.violations);
+    assert_clean(Model::Redis, 512);
 }
