@@ -149,6 +149,24 @@ impl Grant {
         changed
     }
 
+    /// Before a renewal or extend setting `ttl` from `sent` goes out: the server may apply it any moment from
+    /// now on and its reply may come late or never, so the deadline drops now to where that lease would end,
+    /// if that is earlier. A lease can lie past it: a claimed hand-over keeps the record's longer expiry, and an
+    /// extend may ask for less. Returns the lease after the change.
+    pub(crate) fn lower_for(&self, ttl: Duration, sent: Instant) -> Lease {
+        let applied = Lease::granted(ttl, sent, ttl);
+        let mut now = self.lease();
+        self.update_lease(|l| {
+            let shorter = applied.valid_until < l.valid_until;
+            if shorter {
+                l.valid_until = applied.valid_until;
+            }
+            now = *l;
+            shorter
+        });
+        now
+    }
+
     /// Whether this grant may no longer be used: finished (released, dropped), marked lost, or past its
     /// validity on the monotonic clock.
     pub(crate) fn is_lost(&self) -> bool {
@@ -372,22 +390,12 @@ impl Grant {
         let mut unanswered = Unanswered(None);
         // One command setting the lease at a time: a renewal in flight with the old ttl comes back first.
         let ticket = grant.exclusive().await.ok_or_else(lost)?;
-        let before = grant.lease();
-        if before.is_lost() {
+        if grant.lease().is_lost() {
             return Err(lost());
         }
         let sent = Instant::now();
-        // The server may set the new lease any moment from now on, and the reply may come late or never: until
-        // it says otherwise, the lease ends no later than either outcome would end it (an extend to a shorter
-        // lease lowers the deadline now, not when its reply arrives).
-        let applied = Lease::granted(ttl, sent, ttl);
-        grant.update_lease(|l| {
-            let shorter = applied.valid_until < l.valid_until;
-            if shorter {
-                l.valid_until = applied.valid_until;
-            }
-            shorter
-        });
+        // An extend to a shorter lease lowers the deadline now, not when its reply arrives.
+        let before = grant.lower_for(ttl, sent);
         unanswered.0 = Some(grant);
         let reply = grant.client.inner.backend.renew(&grant.keys, &grant.token, ttl).await;
         unanswered.0 = None;

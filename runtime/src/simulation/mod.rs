@@ -185,6 +185,11 @@ struct State {
     fence_seen: std::collections::BTreeMap<String, Instant>,
     /// Per token: the shortest ttl its acquires and renewals asked for (the models with simulated servers).
     ttl_asked: std::collections::BTreeMap<String, Duration>,
+    /// Redlock: tokens whose lease met another guard's grant shorter than it on a server that had lost it in
+    /// a restart: past the README's assumption from then on, whatever either lease does later.
+    beyond_restart: std::collections::BTreeSet<String>,
+    /// Tokens of grants a guard was seen to read lost: a lock seen lost never comes back.
+    seen_lost: std::collections::BTreeSet<String>,
     /// Every (record, owner token) the store was seen to hold.
     owners_seen: std::collections::BTreeSet<(String, String)>,
     /// Which client sent each token the store has seen.
@@ -296,6 +301,8 @@ impl World {
             last_fence: Default::default(),
             fence_seen: Default::default(),
             ttl_asked: Default::default(),
+            beyond_restart: Default::default(),
+            seen_lost: Default::default(),
             owners_seen: Default::default(),
             owners: Default::default(),
             issued: vec![0; clients],
@@ -574,6 +581,9 @@ impl Sim {
         let mut nodes = self.0.nodes();
         nodes[server].clock_offset_us += micros;
         nodes[server].steps.push((Instant::now(), micros));
+        if nodes[server].follows.is_none() {
+            nodes[server].steps_as_primary.push((Instant::now(), micros));
+        }
         drop(nodes);
         self.0.trace(|| format!("server {server} CLOCK STEPPED by {micros} µs"));
     }
@@ -631,6 +641,7 @@ impl Sim {
     pub fn observe(&self, client: usize, guard: &LockGuard, name: &str) -> bool {
         let lost = guard.is_lost();
         self.0.trace(|| format!("c{client} {name}: observed {}", if lost { "lost" } else { "valid" }));
+        self.0.check_lost_is_final(guard.grant(), lost, client, name);
         if lost {
             self.0.check_needless_loss(guard.grant(), client, name);
         } else {

@@ -3,7 +3,8 @@
 //! - a guard that says valid holds the store's record: its token, its fencing token, and an expiry no earlier
 //!   than the guard's own deadline (S6: a guard's deadline never lies past the server's expiry of its grant);
 //!   so no two guards of a key say valid at once;
-//! - a guard reads lost only when the store no longer holds its grant or a fault kept its renewals away;
+//! - a guard reads lost only when the store no longer holds its grant or a fault kept its renewals away, and
+//!   once it read lost it never reads valid again;
 //! - fencing tokens rise per key: a record of a new owner carries a higher one than the last;
 //! - a holder that is gone (request over, guard released or dropped) leaves nothing held, unless a fault kept
 //!   its clean-up from the store; a crashed client's locks are free within their lease.
@@ -143,6 +144,19 @@ impl World {
         self.violation(format!(
             "c{client} {name}: guard reads lost while the store holds its grant, with no fault since its lease was granted"
         ));
+    }
+
+    /// A guard looked at its grant and found it `lost` or not: once seen lost, a grant never reads valid again
+    /// (a late reply to a renewal or extend must not revive it).
+    pub(super) fn check_lost_is_final(&self, grant: &Grant, lost: bool, client: usize, name: &str) {
+        let token = grant.token.as_str();
+        let mut state = self.state();
+        if lost {
+            state.seen_lost.insert(token.to_owned());
+        } else if state.seen_lost.contains(token) {
+            drop(state);
+            self.violation(format!("c{client} {name}: guard reads valid after it read lost"));
+        }
     }
 
     /// After the store applied a command on `record`: a new owner's fencing token is above the last one's.

@@ -106,14 +106,20 @@ impl World {
     /// The store is about to apply a release of `record` by `token` (`resent`: sent again by the client path).
     /// `after_acquire`: an acquire earlier in the same call may take a free record first (found in
     /// simulation, redis seed 1691 of the whole workload: a BATCH "ar" on one key after a force_unlock), so a
-    /// free record may be found taken by another.
-    pub(super) fn applying_release(&self, record: &str, token: &str, resent: bool, after_acquire: bool) {
+    /// free record may be found taken by another; `after_release`: a release earlier in the same call may free
+    /// the record another token holds (redis seed 4966 of the whole workload: a BATCH "rr" of one key by the
+    /// grant that took it after a restart, then by the grant the restart lost), so it may be found free.
+    pub(super) fn applying_release(&self, record: &str, token: &str, resent: bool, after: (bool, bool)) {
+        let (after_acquire, after_release) = after;
         let (at, found) = (Instant::now(), self.found(record, token));
         let mut state = self.state();
         let releases = state.truth.releases.entry(token.to_owned()).or_default();
         releases.push(Applied { at, found, resent });
         if after_acquire && found == Found::Nobody {
             releases.push(Applied { at, found: Found::Other, resent });
+        }
+        if after_release && found == Found::Other {
+            releases.push(Applied { at, found: Found::Nobody, resent });
         }
     }
 
@@ -290,6 +296,7 @@ impl Sim {
         let grace_end = world.state().truth.shutting_down.get(&client).copied();
         let shutting_down = grace_end.is_some();
         for grant in guard.grants() {
+            world.check_lost_is_final(&grant, grant.is_lost(), client, name);
             if !grant.is_lost() {
                 world.check_grant(&grant, client, name);
             } else if !shutting_down && grant.max_hold_until.is_none_or(|cap| cap > now) {

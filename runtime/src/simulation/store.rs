@@ -367,7 +367,7 @@ impl Store for SimStore {
         let what = format!("release {} by {token}", keys.name);
         // This layer never sends a command again: a lost reply is an error to the engine.
         self.call(what, keys, async move {
-            world.applying_release(&k.record, t.as_str(), false, false);
+            world.applying_release(&k.record, t.as_str(), false, (false, false));
             m.release(&k, &t, keep).await
         })
         .await

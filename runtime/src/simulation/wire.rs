@@ -46,6 +46,9 @@ pub(crate) struct Node {
     /// Every restart and every clock step, for the oracle's assumptions.
     pub(super) restarts: Vec<Instant>,
     pub(super) steps: Vec<(Instant, i64)>,
+    /// The steps that moved the clock its records expire by: those it took while a primary (or standalone),
+    /// and on promotion its clock against the old primary's.
+    pub(super) steps_as_primary: Vec<(Instant, i64)>,
     /// Subscribed connections per channel.
     subscribers: BTreeMap<Vec<u8>, Vec<Subscriber>>,
     /// With replicas: writes applied here (a primary) or received (a replica), by offset.
@@ -80,6 +83,7 @@ impl Node {
             reset_at: None,
             restarts: Vec::new(),
             steps: Vec::new(),
+            steps_as_primary: Vec::new(),
             subscribers: BTreeMap::new(),
             offset: 0,
             follows: None,
@@ -215,8 +219,8 @@ impl World {
             drop(nodes);
             for report in &reported {
                 match report {
-                    Report::Release { record, token, resent, after_acquire } => {
-                        self.applying_release(record, token, *resent, *after_acquire)
+                    Report::Release { record, token, resent, after_acquire, after_release } => {
+                        self.applying_release(record, token, *resent, (*after_acquire, *after_release))
                     }
                     Report::Renew { record, token, ttl } => {
                         self.asked(token, ttl);
@@ -417,6 +421,7 @@ impl World {
         // the old primary wrote (their expiry is absolute, so they end that much earlier).
         let step = nodes[new].clock_offset_us - nodes[old].clock_offset_us;
         nodes[new].steps.push((now, step));
+        nodes[new].steps_as_primary.push((now, step));
         let promoted = nodes[new].redis.snapshot(self.node_now_us(&nodes[new]));
         let promoted: Effects = promoted.into_iter().map(|(k, e)| (k, Some(e))).collect();
         let offset = nodes[new].offset;
@@ -459,12 +464,14 @@ impl World {
 /// force_unlocks, read from its keys and arguments as the scripts read them.
 enum Report {
     /// `after_acquire`: an earlier operation of the same BATCH call may grant the same record (to another
-    /// token), so what the release finds is not known before the call runs.
+    /// token), so what the release finds is not known before the call runs; `after_release`: an earlier one
+    /// may free it (another token's release of the same record, then this one finds nobody).
     Release {
         record: String,
         token: String,
         resent: bool,
         after_acquire: bool,
+        after_release: bool,
     },
     Renew {
         record: String,
@@ -497,7 +504,8 @@ fn reported_to_oracle(redis: &SimRedis, args: &[Vec<u8>]) -> Vec<Report> {
     let (key, arg) = (|i: usize| text(2 + i), |i: usize| text(2 + keys + i));
     match script {
         "RELEASE" => {
-            vec![Report::Release { record: key(1), token: arg(1), resent: arg(3) == "1", after_acquire: false }]
+            let (record, token, resent) = (key(1), arg(1), arg(3) == "1");
+            vec![Report::Release { record, token, resent, after_acquire: false, after_release: false }]
         }
         "RENEW" => vec![Report::Renew { record: key(1), token: arg(1), ttl: arg(2) }],
         "RENEW_MANY" => {
@@ -508,7 +516,7 @@ fn reported_to_oracle(redis: &SimRedis, args: &[Vec<u8>]) -> Vec<Report> {
         "ACQUIRE_ALL" => (1..=keys).map(|i| Report::Acquire { token: arg(2 + i), ttl: arg(1) }).collect(),
         "BATCH" => {
             // ARGV[1]: one letter per operation; each operation's arguments follow, in order (batch.lua).
-            let (mut reports, mut acquired) = (Vec::new(), Vec::new());
+            let (mut reports, mut acquired, mut released) = (Vec::new(), Vec::new(), Vec::new());
             let (mut at, mut last_ttl) = (2, String::new());
             for (i, op) in arg(1).bytes().enumerate() {
                 let (record, token) = (key(i + 1), arg(at));
@@ -526,8 +534,9 @@ fn reported_to_oracle(redis: &SimRedis, args: &[Vec<u8>]) -> Vec<Report> {
                     _ => return reports,
                 };
                 if matches!(op, b'r' | b'k' | b's') {
-                    let after_acquire = acquired.contains(&record);
-                    reports.push(Report::Release { record, token, resent: op == b's', after_acquire });
+                    let (after_acquire, after_release) = (acquired.contains(&record), released.contains(&record));
+                    released.push(record.clone());
+                    reports.push(Report::Release { record, token, resent: op == b's', after_acquire, after_release });
                 } else {
                     acquired.push(record);
                     reports.push(Report::Acquire { token, ttl: last_ttl.clone() });
