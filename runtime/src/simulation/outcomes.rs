@@ -149,8 +149,19 @@ impl World {
     }
 
     /// The store is about to apply a `force_unlock` of `record`: the grant it deletes is excused from now on.
-    pub(super) fn applying_force_unlock(&self, record: &str) {
-        if let Some((Some(holder), ..)) = self.peek(record) {
+    /// On Redlock, the record on the server it runs on (`node`), whoever holds the majority: a grant it
+    /// deletes on one server may have been counted by a round still under way (redlock seed 7086 of the
+    /// whole-API workload: an acquire's grant on a server, then the force_unlock there, then its grant on a
+    /// second server).
+    pub(super) fn applying_force_unlock(&self, record: &str, node: usize) {
+        let seen = match self.config.model {
+            super::Model::Redlock(_) => {
+                let nodes = self.nodes();
+                self.peek_node(&nodes, node, record)
+            }
+            _ => self.peek(record),
+        };
+        if let Some((Some(holder), ..)) = seen {
             self.trace(|| format!("force_unlock deletes {record} of {}: excused from S1/S6/S5", short(&holder)));
             self.state().truth.forced.insert(holder);
         }

@@ -386,7 +386,7 @@ impl Store for SimStore {
     async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, LockError> {
         let (m, k, world) = (self.memory(), keys.clone(), Arc::clone(&self.world));
         self.call(format!("force_unlock {}", keys.name), keys, async move {
-            world.applying_force_unlock(&k.record);
+            world.applying_force_unlock(&k.record, 0);
             m.force_unlock(&k).await
         })
         .await

@@ -226,7 +226,7 @@ impl World {
                         self.asked(token, ttl);
                         self.applying_renew(record, token)
                     }
-                    Report::ForceUnlock { record } => self.applying_force_unlock(record),
+                    Report::ForceUnlock { record } => self.applying_force_unlock(record, node),
                     Report::Acquire { token, ttl } => {
                         self.asked(token, ttl);
                         self.applying_acquire(token)
