@@ -2,8 +2,8 @@
 //! oracle are `distlock::simulation`, behind the runtime's `simulation` feature).
 //!
 //! [`run_one`] runs the workload of issue 32 ([`workload`]): the whole public API, from three to five clients
-//! on one to four keys. [`run_classic`] runs issue 19's (module `classic`), unchanged, for the regression seeds
-//! found in it. Both use only the public API and [`Sim`], so they run on any store
+//! on one to four keys, on every store model. [`run_classic`] and [`run_classic_on`] run issue 19's (module
+//! `classic`), unchanged, for the regression seeds found in it and for the Lua mutation report. Both use only the public API and [`Sim`], so they run on any store
 //! model behind it.
 
 mod bodies;
@@ -30,8 +30,24 @@ pub fn run_one(seed: u64, trace: bool) -> Report {
     run_one_on(Model::Memory, seed, trace)
 }
 
-/// Runs schedule `seed` on the store `model`.
+/// Runs schedule `seed` on the store `model`: the whole-API workload, or issue 19's with `SIM_WORKLOAD=classic`.
 pub fn run_one_on(model: Model, seed: u64, trace: bool) -> Report {
+    if std::env::var("SIM_WORKLOAD").is_ok_and(|w| w == "classic") {
+        return run_classic_on(model, seed, trace);
+    }
+    let mut config = config(model, seed, trace);
+    config.clients = clients(seed);
+    simulation::run(config, workload)
+}
+
+/// Runs schedule `seed` of issue 19's workload on the store `model`, as the regression seeds found in it on
+/// the models with simulated servers were found (it was their default until the whole-API workload ran
+/// clean there).
+pub fn run_classic_on(model: Model, seed: u64, trace: bool) -> Report {
+    simulation::run(config(model, seed, trace), classic::workload)
+}
+
+fn config(model: Model, seed: u64, trace: bool) -> Config {
     let mut config = Config::new(seed);
     // Redlock's schedules alternate between groups of 3 and 5 servers.
     config.model = match model {
@@ -39,14 +55,7 @@ pub fn run_one_on(model: Model, seed: u64, trace: bool) -> Report {
         other => other,
     };
     config.trace = trace;
-    if model == Model::Memory || full_workload() {
-        config.clients = clients(seed);
-        return simulation::run(config, workload);
-    }
-    // The whole-API workload is not yet clean on the models with simulated redis-servers (issue 32's open
-    // findings, README "Deterministic simulation"): they run issue 19's workload with the servers' faults,
-    // unless `SIM_WORKLOAD=full`.
-    simulation::run(config, classic::workload)
+    config
 }
 
 /// The first schedule of `seeds` on `model` that the oracle faults, with its first violation, with the
@@ -74,7 +83,6 @@ pub fn first_failing(
     found.into_iter().flatten().min_by_key(|(seed, _)| *seed)
 }
 
-/// `SIM_WORKLOAD=full`: the whole-API workload on every model.
 /// Waits for every user task of a workload: a task cancelled is one whose client crashed; a panic is a
 /// violation.
 async fn join_users(sim: &Sim, tasks: Vec<tokio::task::JoinHandle<()>>) {
@@ -87,15 +95,10 @@ async fn join_users(sim: &Sim, tasks: Vec<tokio::task::JoinHandle<()>>) {
     }
 }
 
-fn full_workload() -> bool {
-    std::env::var("SIM_WORKLOAD").is_ok_and(|w| w == "full")
-}
-
-/// Runs schedule `seed` of issue 19's workload, as [`run_one`] ran it when its regression seeds were found.
+/// Runs schedule `seed` of issue 19's workload on the memory store, as [`run_one`] ran it when its regression
+/// seeds were found.
 pub fn run_classic(seed: u64, trace: bool) -> Report {
-    let mut config = Config::new(seed);
-    config.trace = trace;
-    simulation::run(config, classic::workload)
+    run_classic_on(Model::Memory, seed, trace)
 }
 
 /// How many clients schedule `seed` has: three, or in a fifth of the schedules four or five. Drawn from the

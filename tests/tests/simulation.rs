@@ -2,6 +2,7 @@
 //! simulated time, many seeded schedules of stalls, delays, lost replies and crashes, an oracle checking the
 //! safety model at every step (see `distlock_tests::simulation` and `distlock::simulation`).
 //!
+//! Every model runs issue 32's whole-API workload; `SIM_WORKLOAD=classic` runs issue 19's instead.
 //! `SIM_SCHEDULES=n` runs n schedules (default 10,000 in release builds, 1,000 in debug builds);
 //! `SIM_SEED=n` replays schedule n alone with a trace of every call, reply, fault, stall and observation.
 //! What the simulation catches is measured by mutation testing (docs/mutation.md), not by switches in the
@@ -10,17 +11,23 @@
 use std::io::Write;
 
 use distlock::simulation::Model;
-use distlock_tests::simulation::{run_classic, run_many_on, run_one, run_one_on, Summary};
+use distlock_tests::simulation::{run_classic, run_classic_on, run_many_on, run_one, run_one_on, Summary};
 
 fn env(name: &str) -> Option<u64> {
     let value = std::env::var(name).ok()?;
     Some(value.trim().parse().unwrap_or_else(|_| panic!("{name}={value:?} is not a number")))
 }
 
-/// Schedule `seed` on `model` (a regression seed) runs without a violation.
+/// Schedule `seed` of the whole-API workload on `model` (a regression seed) runs without a violation.
 fn assert_clean(model: Model, seed: u64) {
     let report = run_one_on(model, seed, false);
     assert!(report.violations.is_empty(), "{} seed {seed}: {:#?}", model.name(), report.violations);
+}
+
+/// Schedule `seed` of issue 19's workload on `model` (a regression seed found in it) runs without a violation.
+fn assert_clean_classic(model: Model, seed: u64) {
+    let report = run_classic_on(model, seed, false);
+    assert!(report.violations.is_empty(), "{} seed {seed} (classic): {:#?}", model.name(), report.violations);
 }
 
 /// Prints past the test harness's capture: the summary line shows in every run.
@@ -90,8 +97,9 @@ fn simulation() {
     assert!(failing.is_empty(), "failing seeds: {failing:?}");
 }
 
-// The regression seeds below were found in issue 19's workload, which `run_classic` keeps unchanged so that each
-// seed replays the schedule it was found in (issue 32's workload draws every seed differently).
+// Most regression seeds below were found in issue 19's workload, which `run_classic` and `run_classic_on` keep
+// unchanged so that each seed replays the schedule it was found in (issue 32's workload draws every seed
+// differently); `assert_clean` replays the whole-API workload's.
 
 /// Regression, found by this simulation (seed 0): `extend()` to a shorter lease was applied by the store
 /// while the guard kept its old, longer deadline until the reply arrived; a slow reply or a stall then left
@@ -138,7 +146,7 @@ fn seeds_with_a_shutdown_replay_exactly() {
 /// three servers, below the holder's deadline. A server's renewal now ends with its round.
 #[test]
 fn redlock_seed_308_a_renewal_ends_with_its_round() {
-    assert_clean(Model::Redlock(3), 308);
+    assert_clean_classic(Model::Redlock(3), 308);
 }
 
 /// Regression, found by this simulation on Redlock (seed 3550, issue 32): an acquire round's call whose reply
@@ -147,7 +155,7 @@ fn redlock_seed_308_a_renewal_ends_with_its_round() {
 /// server of three. A renewal no longer counts a server where an acquire of its token is still under way.
 #[test]
 fn redlock_seed_3550_a_renewal_does_not_count_a_server_an_earlier_attempt_may_give_back() {
-    assert_clean(Model::Redlock(3), 3550);
+    assert_clean_classic(Model::Redlock(3), 3550);
 }
 
 /// Regression, found by this simulation on a replicated primary (redis+replicas seed 2515, issue 32; first seen
@@ -157,7 +165,7 @@ fn redlock_seed_3550_a_renewal_does_not_count_a_server_an_earlier_attempt_may_gi
 /// link made no new connection since the write was sent.
 #[test]
 fn replicas_seed_2515_a_wait_on_a_new_connection_does_not_count_the_write() {
-    assert_clean(Model::RedisReplicas, 2515);
+    assert_clean_classic(Model::RedisReplicas, 2515);
 }
 
 /// Regression, found by this simulation once a stall stops a client's own tasks (memory seed 10, issue 32): a
@@ -203,7 +211,7 @@ fn lua_mutants() {
 /// release in `R:last` and reports `Released`.
 #[test]
 fn redis_seed_3_a_release_sent_again_after_a_lost_reply_reports_its_own_release() {
-    assert_clean(Model::Redis, 3);
+    assert_clean_classic(Model::Redis, 3);
 }
 
 /// Correctness II's schedule 2, found by this simulation with its fix undone (redis seed 512, issue 32: the
@@ -213,5 +221,42 @@ fn redis_seed_3_a_release_sent_again_after_a_lost_reply_reports_its_own_release(
 /// the last grant's ttl), which the fix keeps.
 #[test]
 fn redis_seed_512_a_lapsed_hand_over_keeps_the_last_token_for_the_heir_s_ttl() {
-    assert_clean(Model::Redis, 512);
+    assert_clean_classic(Model::Redis, 512);
+}
+
+/// Regression, found by this simulation once the whole-API workload ran on the simulated servers (redis seed
+/// 1857, issue 32): a lock_all's key claimed by withdrawing from a hand-over kept the record's remaining PTTL
+/// (1.5 s, longer than its ttl of 543 ms) as its lease; its next renewal set 543 ms on the server while the
+/// guard still read the longer deadline until the reply came (for ever, had the reply been lost). A renewal
+/// now lowers the deadline to its own lease before it is sent, as an extend does.
+#[test]
+fn redis_seed_1857_a_renewal_lowers_a_longer_claimed_lease_before_it_is_sent() {
+    assert_clean(Model::Redis, 1857);
+}
+
+/// Regressions of the oracle, found when the whole-API workload first ran on the simulated servers (issue 32);
+/// each seed flagged a schedule the README's promises allow:
+/// - redis+replicas 225: the primary's clock stepped forward past a lease's allowance, then it failed over; a
+///   step counts on whichever server was primary when it was taken;
+/// - redlock 140: a grant taken beside a lease lost in a restart, with a shorter ttl (past the README's
+///   assumption), then extended: past the assumption it stays;
+/// - redis 4966: a BATCH releasing one key twice (the grant that took it after a restart, then the one the
+///   restart lost): the second release finds it free;
+/// - redis 6086: one token owning a record by two grants (a lapsed hand-over, then a claim), each with its
+///   fencing token;
+/// - redis 5986: a wait's end sending its last calls twice on a script's first use (NOSCRIPT);
+/// - redlock 7086 and 9784: a force_unlock deleting a grant on one server while its round was under way.
+#[test]
+fn whole_api_seeds_the_oracle_once_faulted_run_clean() {
+    for (model, seed) in [
+        (Model::RedisReplicas, 225),
+        (Model::Redlock(3), 140),
+        (Model::Redis, 4966),
+        (Model::Redis, 6086),
+        (Model::Redis, 5986),
+        (Model::Redlock(3), 7086),
+        (Model::Redlock(3), 9784),
+    ] {
+        assert_clean(model, seed);
+    }
 }

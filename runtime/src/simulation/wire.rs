@@ -169,7 +169,6 @@ impl World {
         let mut nodes = self.nodes();
         let node = self.resolve(&nodes, connection.target);
         if nodes[node].reset_at.is_some_and(|at| at > opened) {
-            connection.reopen(opened);
             return Wire::Reset;
         }
         match name.as_slice() {
@@ -315,7 +314,6 @@ impl World {
                 let primary = self.resolve(&nodes, connection.target);
                 // A failover or restart since its socket opened (or while it waits) resets it.
                 if nodes[primary].reset_at.is_some_and(|at| at > opened) {
-                    connection.reopen(opened);
                     return Wire::Reset;
                 }
                 if connection.written_on.load(Ordering::Relaxed) != primary as u64 && written > 0 {
@@ -714,6 +712,14 @@ impl Connection {
                 Ok(value)
             }
             Ok(Ok(Ok(Wire::Reset))) | Ok(Err(_)) | Ok(Ok(Err(_))) => {
+                // The client learns here that the socket closed, and only here: its next call goes on a new
+                // one. (Reopened when the server reset the call instead, a call sent before this reset's reply
+                // had come back — or with that reply lost — went on a new socket while the caller's link still
+                // read the old epoch: a WAIT there counted a write the promoted replica never got;
+                // redis+replicas seed 26281.)
+                if matches!(reply, Ok(Ok(Ok(Wire::Reset)))) && self.state.push.is_none() {
+                    self.state.reopen(opened);
+                }
                 world.trace(|| format!("c{client} #{id} ← connection reset"));
                 Err(RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset)))
             }
