@@ -309,7 +309,7 @@ async fn give_up(request: &LockRequest, mut pending: Pending, started: Instant) 
 async fn give_back(request: &LockRequest, mut pending: Pending, started: Instant) -> Result<Grant, LockError> {
     pending.in_flight = true;
     let backend = &request.client.inner.backend;
-    if backend.release(&pending.keys, &pending.token, None).await.is_ok() {
+    if backend.release(&pending.keys, &pending.token, None, None).await.is_ok() {
         pending.in_flight = false;
     }
     // If the release failed, dropping `pending` tries once more in the background.
@@ -401,7 +401,7 @@ impl Drop for Pending {
             let ours = if queued { backend.withdraw(&keys, &token).await.map(|hold| hold.is_some()) } else { Ok(true) };
             // Released only if the record still carries this token; otherwise the script leaves it alone.
             let outcome = match ours {
-                Ok(true) => backend.release(&keys, &token, None).await.map(drop),
+                Ok(true) => backend.release(&keys, &token, None, None).await.map(drop),
                 other => other.map(drop),
             };
             if let Err(e) = outcome {

@@ -370,7 +370,7 @@ impl Grant {
             Ok(ReleaseOutcome::Expired)
         } else {
             keep = self.keep_after_release();
-            self.client.inner.backend.release(&self.keys, &self.token, keep).await
+            self.client.inner.backend.release(&self.keys, &self.token, Some(self.fence), keep).await
         };
         match outcome {
             Ok(outcome @ (ReleaseOutcome::Expired | ReleaseOutcome::TakenByOther)) => {

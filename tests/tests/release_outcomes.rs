@@ -196,3 +196,55 @@ async fn s31_5_a_resent_extend_succeeds_and_keeps_the_guard_valid() {
     assert!(guard.deadline() > tokio::time::Instant::now() + secs(20), "the longer lease is not counted");
     assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
 }
+
+/// A release names its grant's fencing token, and only that grant's trace reads as its own (found by the
+/// simulation, redis+replicas seed 11244, issue 32): a token granted twice — its first grant given back, as a
+/// grant the replicas did not acknowledge is — whose second grant expired must release as `Expired`, not read
+/// the first release's trace in `R:last` as its own. The production scripts, run by EVAL on a real server.
+#[tokio::test]
+async fn a_release_reads_only_its_own_grant_s_trace() {
+    use distlock::simulation::redis::production_scripts;
+    let fx = Fixture::redis().await;
+    let mut admin = fx.redis_connection().expect("redis");
+    let scripts: std::collections::HashMap<String, &str> = production_scripts().into_iter().collect();
+    let (acquire, release) = (scripts["ACQUIRE"], scripts["RELEASE"]);
+    let (record, token) = ("{twice}", "0123456789abcdef0123456789abcdef");
+    let fence_of = |reply: &redis::Value| match reply {
+        redis::Value::Int(fence) => fence.to_string(),
+        redis::Value::Array(parts) => match parts.get(1) {
+            Some(redis::Value::BulkString(fence)) => String::from_utf8_lossy(fence).into_owned(),
+            other => panic!("no fence in {other:?}"),
+        },
+        other => panic!("not a grant: {other:?}"),
+    };
+    let eval = |script: &str, args: &[&str]| {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(script).arg(1).arg(record).arg(args);
+        cmd
+    };
+    // The first grant, released under min_hold for 50 ms: R:last keeps the last token and who released it.
+    let first: redis::Value =
+        eval(acquire, &[token, "5000", "5:owner"]).query_async(&mut admin).await.expect("ACQUIRE");
+    let first = fence_of(&first);
+    let kept: i64 = eval(release, &[token, &first, "50"]).query_async(&mut admin).await.expect("RELEASE");
+    assert_eq!(kept, 1, "released");
+    let gone = || {
+        let mut admin = fx.redis_connection().expect("redis");
+        async move {
+            let value: Option<String> = redis::cmd("GET").arg(record).query_async(&mut admin).await.expect("GET");
+            value.is_none()
+        }
+    };
+    eventually(secs(5), "the kept record lapses", gone).await;
+    // The same token granted again, for 100 ms, then expired.
+    let second: redis::Value =
+        eval(acquire, &[token, "100", "5:owner"]).query_async(&mut admin).await.expect("ACQUIRE");
+    let second = fence_of(&second);
+    assert_ne!(second, first, "a new grant, a new fencing token");
+    eventually(secs(5), "the second grant expires", gone).await;
+    let outcome: i64 = eval(release, &[token, &second, "0"]).query_async(&mut admin).await.expect("RELEASE");
+    assert_eq!(outcome, 0, "the second grant expired: EXPIRED, not the first grant's release");
+    // The first grant's release sent again still finds its own work done.
+    let again: i64 = eval(release, &[token, &first, "0", "1"]).query_async(&mut admin).await.expect("RELEASE");
+    assert_eq!(again, 1, "the first grant's release, sent again: RELEASED");
+}

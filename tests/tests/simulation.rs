@@ -234,6 +234,27 @@ fn redis_seed_1857_a_renewal_lowers_a_longer_claimed_lease_before_it_is_sent() {
     assert_clean(Model::Redis, 1857);
 }
 
+/// Regression, found by this simulation with the whole-API workload on a replicated primary (redis+replicas
+/// seed 11244, issue 32): a request whose grant the replicas did not acknowledge gave it back and was granted
+/// again under the same token; that second grant expired during a stall, and its release read the give-back's
+/// trace (`R:last`, naming the token) as its own earlier release: `Released` for a lock that had expired. A
+/// release now names its grant's fencing token, and only the trace of that grant counts.
+#[test]
+fn replicas_seed_11244_a_release_does_not_take_an_earlier_grant_s_trace_for_its_own() {
+    assert_clean(Model::RedisReplicas, 11244);
+}
+
+/// Correctness II's schedule 3, found by this simulation with its fix undone (redis seed 987 of the whole-API
+/// workload, issue 32; 17 of 30,000 `redis` schedules: announcements trusted when their fencing token is above
+/// that of the last busy attempt): the server's clock stepped back, a hand-over to a waiter lapsed while its
+/// announcement was late, another client took the lock with a lower token, and the waiter, trusting the late
+/// announcement, ran its body beside the new holder. A waiter trusts only an announcement naming its last busy
+/// attempt.
+#[test]
+fn redis_seed_987_a_late_announcement_is_not_trusted_when_tokens_go_back() {
+    assert_clean(Model::Redis, 987);
+}
+
 /// Regressions of the oracle, found when the whole-API workload first ran on the simulated servers (issue 32);
 /// each seed flagged a schedule the README's promises allow:
 /// - redis+replicas 225: the primary's clock stepped forward past a lease's allowance, then it failed over; a
@@ -245,10 +266,18 @@ fn redis_seed_1857_a_renewal_lowers_a_longer_claimed_lease_before_it_is_sent() {
 /// - redis 6086: one token owning a record by two grants (a lapsed hand-over, then a claim), each with its
 ///   fencing token;
 /// - redis 5986: a wait's end sending its last calls twice on a script's first use (NOSCRIPT);
-/// - redlock 7086 and 9784: a force_unlock deleting a grant on one server while its round was under way.
+/// - redlock 7086 and 9784: a force_unlock deleting a grant on one server while its round was under way;
+/// - redis+replicas 16266: a server clock stepped back keeps a cancelled request's record that much longer;
+/// - redis+replicas 26410: a late give-back applied just before the same token's next grant, in one instant;
+/// - redis+replicas 26281: the simulated connection reopened when the server reset a call, before its client
+///   could know: a `WAIT` went on the new socket while the link still read the old epoch (the model's error,
+///   not the client's: the redis crate reconnects only after a call on the old socket failed).
 #[test]
 fn whole_api_seeds_the_oracle_once_faulted_run_clean() {
     for (model, seed) in [
+        (Model::RedisReplicas, 16266),
+        (Model::RedisReplicas, 26410),
+        (Model::RedisReplicas, 26281),
         (Model::RedisReplicas, 225),
         (Model::Redlock(3), 140),
         (Model::Redis, 4966),

@@ -318,6 +318,7 @@ impl Store for MemoryBackend {
         &self,
         keys: &LockKeys,
         token: &LockToken,
+        _fence: Option<u64>,
         keep: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
         let mut state = self.state();
@@ -460,7 +461,7 @@ mod tests {
         let queueing = Some(Queueing { register: ttl, lease: ttl, attempt: 1 });
         assert!(matches!(beta.acquire(&keys, &b, ttl, "second", queueing).await.unwrap(), Attempt::Busy { .. }));
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert_eq!(alpha.release(&keys, &a, None).await.unwrap(), ReleaseOutcome::Released);
+        assert_eq!(alpha.release(&keys, &a, None, None).await.unwrap(), ReleaseOutcome::Released);
         tokio::time::advance(Duration::from_secs(2)).await;
         let info = alpha.info(&keys).await.unwrap().expect("handed over");
         assert_eq!((info.owner.as_str(), info.metadata.as_str()), ("beta", "second"));
@@ -480,8 +481,8 @@ mod tests {
         assert_eq!(holds.len(), 2);
         assert!(holds.iter().all(|h| h.lease == ttl && h.fence > 0));
         assert_eq!(store.info(&b).await.unwrap().expect("held").fencing_token, holds[1].fence);
-        store.release(&a, &mine, None).await.unwrap();
-        store.release(&b, &mine_b, None).await.unwrap();
+        store.release(&a, &mine, None, None).await.unwrap();
+        store.release(&b, &mine_b, None, None).await.unwrap();
 
         // b held for 1 s, with a waiter queued behind it; then the hold lapses unreleased.
         let short = Duration::from_secs(1);
@@ -506,7 +507,7 @@ mod tests {
             async move {
                 match store.acquire(&keys, &token, ttl, "", None).await.expect("memory") {
                     Attempt::Granted(hold) => {
-                        store.release(&keys, &token, None).await.expect("memory");
+                        store.release(&keys, &token, None, None).await.expect("memory");
                         hold.fence
                     }
                     other => panic!("{other:?}"),

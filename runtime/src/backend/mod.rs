@@ -277,9 +277,10 @@ impl Store for Backend {
         &self,
         keys: &LockKeys,
         token: &LockToken,
+        fence: Option<u64>,
         keep: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
-        timed!("release", dispatch!(self, b => b.release(keys, token, keep).await))
+        timed!("release", dispatch!(self, b => b.release(keys, token, fence, keep).await))
     }
 
     async fn remaining(&self, keys: &LockKeys, token: &LockToken) -> Result<Option<Duration>, LockError> {

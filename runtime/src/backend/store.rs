@@ -96,11 +96,14 @@ pub(crate) trait Store {
         Ok(outcomes)
     }
 
-    /// Gives the lock back if `token` owns it; with `keep`, leaves it held (by nobody) that much longer.
+    /// Gives the lock back if `token` owns it; with `keep`, leaves it held (by nobody) that much longer. `fence`
+    /// is the grant's fencing token where known: a store that recognises its own earlier release of a grant (a
+    /// release sent again) tells two grants of one token apart by it.
     async fn release(
         &self,
         keys: &LockKeys,
         token: &LockToken,
+        fence: Option<u64>,
         keep: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError>;
 

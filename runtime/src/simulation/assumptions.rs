@@ -45,6 +45,20 @@ impl World {
         forward > allowance
     }
 
+    /// How much the clocks records expire by stepped back since `since` (on any server while it was a primary,
+    /// or by a failover to a server whose clock is behind): a record's life on the server grows by that much
+    /// (Redis expires keys by its own clock), so what must free "within its lease" frees that much later.
+    pub(super) fn stepped_back_since(&self, since: Instant) -> Duration {
+        let nodes = self.nodes();
+        let back: i64 = nodes
+            .iter()
+            .map(|n| {
+                n.steps_as_primary.iter().filter(|(at, step)| *at >= since && *step < 0).map(|(_, s)| s).sum::<i64>()
+            })
+            .sum();
+        Duration::from_micros(back.unsigned_abs())
+    }
+
     /// Whether the oracle holds `grant` to the rules on the single-primary models: not when its server lost
     /// its state since the lease was sent, or stepped its clock past the lease's allowance.
     pub(super) fn beyond_assumptions(&self, grant: &Grant) -> bool {

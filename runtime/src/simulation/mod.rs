@@ -611,11 +611,17 @@ impl Sim {
         let bound = 2 * max_lease + 2 * config.slow_delay + Duration::from_millis(300);
         tokio::spawn(async move {
             let crashed = Instant::now();
-            tokio::time::sleep(bound).await;
-            // A pause of the store holds commands sent before the crash; they may still apply after it.
-            let paused = world.state().paused_until;
-            if paused > crashed {
-                tokio::time::sleep_until(paused + bound).await;
+            let mut until = crashed + bound;
+            loop {
+                tokio::time::sleep_until(until).await;
+                // A pause of the store holds commands sent before the crash; they may still apply after it. A
+                // server clock stepped back keeps the crashed client's records that much longer.
+                let paused = world.state().paused_until;
+                let due = paused.max(crashed) + bound + world.stepped_back_since(crashed);
+                if due <= until {
+                    break;
+                }
+                until = due;
             }
             world.check_crashed(client, bound);
         });

@@ -361,6 +361,7 @@ impl Store for SimStore {
         &self,
         keys: &LockKeys,
         token: &LockToken,
+        fence: Option<u64>,
         keep: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
         let (m, k, t, world) = (self.memory(), keys.clone(), token.clone(), Arc::clone(&self.world));
@@ -368,7 +369,7 @@ impl Store for SimStore {
         // This layer never sends a command again: a lost reply is an error to the engine.
         self.call(what, keys, async move {
             world.applying_release(&k.record, t.as_str(), false, (false, false));
-            m.release(&k, &t, keep).await
+            m.release(&k, &t, fence, keep).await
         })
         .await
     }

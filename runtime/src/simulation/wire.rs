@@ -502,7 +502,7 @@ fn reported_to_oracle(redis: &SimRedis, args: &[Vec<u8>]) -> Vec<Report> {
     let (key, arg) = (|i: usize| text(2 + i), |i: usize| text(2 + keys + i));
     match script {
         "RELEASE" => {
-            let (record, token, resent) = (key(1), arg(1), arg(3) == "1");
+            let (record, token, resent) = (key(1), arg(1), arg(4) == "1");
             vec![Report::Release { record, token, resent, after_acquire: false, after_release: false }]
         }
         "RENEW" => vec![Report::Renew { record: key(1), token: arg(1), ttl: arg(2) }],
@@ -524,11 +524,12 @@ fn reported_to_oracle(redis: &SimRedis, args: &[Vec<u8>]) -> Vec<Report> {
                 }
                 at += match op {
                     b'a' => 3,
-                    b'b' | b'r' => 1,
+                    b'b' => 1,
+                    b'r' => 2,
                     b'p' => 4,
                     b'q' => 6,
-                    b'k' => 2,
-                    b's' => 3,
+                    b'k' => 3,
+                    b's' => 4,
                     _ => return reports,
                 };
                 if matches!(op, b'r' | b'k' | b's') {

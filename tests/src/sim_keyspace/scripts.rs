@@ -162,7 +162,7 @@ impl Generator {
                 (keys, argv)
             }
             "RELEASE" => {
-                let mut argv = vec![s(self.token())];
+                let mut argv = vec![s(self.token()), self.release_fence()];
                 match self.rng.u8(..6) {
                     0 => argv.push(s(self.field(&["0", "30000", "90000"]))),
                     1 => argv.extend([s(self.field(&["0", "30000"])), s("1")]),
@@ -211,6 +211,12 @@ impl Generator {
 
     /// BATCH's (or BATCH_SPREAD's) KEYS and ARGV: one to five operations of any kind, now and then an unknown
     /// one.
+    /// A release's fencing token of its grant: unknown (empty), or one no grant here has (the records' fences
+    /// are the clock's µs, which the sequences cannot know ahead).
+    fn release_fence(&mut self) -> String {
+        self.field(&["", "", "0", "1700000000000000"]).into()
+    }
+
     fn batch_args(&mut self, spread: bool) -> (Vec<String>, Vec<String>, Check) {
         let ops: String = (0..self.rng.usize(1..6))
             .map(|_| self.pick(&["a", "a", "b", "p", "q", "r", "r", "k", "s", "x"]).to_owned())
@@ -223,7 +229,8 @@ impl Generator {
             let token = if "abpq".contains(op) { self.acquire_token() } else { self.token() }.to_owned();
             match op {
                 'a' => args.extend([token, self.field(&TTLS).into(), self.field(&HOLDERS).into()]),
-                'b' | 'r' => args.push(token),
+                'b' => args.push(token),
+                'r' => args.extend([token, self.release_fence()]),
                 'p' => {
                     check.ms.push(vec![i]);
                     args.extend([token, self.field(&TTLS).into(), self.field(&HOLDERS).into(), "mark".into()]);
@@ -236,8 +243,8 @@ impl Generator {
                     self.field(&["20000", "40000"]).into(),
                     self.field(&["1", "7"]).into(),
                 ]),
-                'k' => args.extend([token, self.field(&["0", "30000", "90000"]).into()]),
-                's' => args.extend([token, self.field(&["0", "30000"]).into(), "1".into()]),
+                'k' => args.extend([token, self.release_fence(), self.field(&["0", "30000", "90000"]).into()]),
+                's' => args.extend([token, self.release_fence(), self.field(&["0", "30000"]).into(), "1".into()]),
                 _ => {}
             }
         }

@@ -61,8 +61,8 @@ pub(super) enum Op<'a> {
         /// the first three arguments (`register_ms` is then 0) and this, the server's lock-state mark.
         plain: Option<Arc<str>>,
     },
-    /// ARGV of [`RELEASE`]: token, keep ms (0: free it now).
-    Release { record: Cow<'a, str>, token: LockToken, keep_ms: u64 },
+    /// ARGV of [`RELEASE`]: token, the grant's fencing token (empty if unknown), keep ms (0: free it now).
+    Release { record: Cow<'a, str>, token: LockToken, fence: Option<u64>, keep_ms: u64 },
 }
 
 impl Op<'_> {
@@ -81,8 +81,8 @@ impl Op<'_> {
                     plain,
                 }
             }
-            Op::Release { record, token, keep_ms } => {
-                Op::Release { record: Cow::Owned(record.into_owned()), token, keep_ms }
+            Op::Release { record, token, fence, keep_ms } => {
+                Op::Release { record: Cow::Owned(record.into_owned()), token, fence, keep_ms }
             }
         }
     }
@@ -140,8 +140,12 @@ impl Op<'_> {
                     cmd.arg(register_ms).arg(lease_ms).arg(attempt);
                 }
             }
-            Op::Release { token, keep_ms, .. } => {
+            Op::Release { token, fence, keep_ms, .. } => {
                 cmd.arg(token.as_str());
+                match fence {
+                    Some(fence) => cmd.arg(fence),
+                    None => cmd.arg(""),
+                };
                 if again {
                     cmd.arg(keep_ms).arg(1);
                 } else if *keep_ms > 0 {

@@ -74,7 +74,7 @@ fn acquire(record: &str) -> Op<'static> {
 }
 
 fn release(record: &str) -> Op<'static> {
-    Op::Release { record: Cow::Owned(record.to_owned()), token: LockToken::random(), keep_ms: 0 }
+    Op::Release { record: Cow::Owned(record.to_owned()), token: LockToken::random(), fence: None, keep_ms: 0 }
 }
 
 fn start(coalescer: &Arc<Coalescer<Arc<FakeRedis>>>, op: Op<'static>) -> tokio::task::JoinHandle<Reply> {
@@ -364,6 +364,7 @@ fn an_acquire_repeating_the_last_one_s_ttl_and_holder_sends_its_token_alone() {
         b"1000".to_vec(),
         holder.clone(),
         token(5),
+        b"".to_vec(),
         token(6),
     ];
     let args = |cmd: redis::Cmd| -> Vec<Vec<u8>> {

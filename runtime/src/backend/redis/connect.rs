@@ -223,9 +223,9 @@ impl RedisBackend {
         let _listening = self.watch_releases(&keys, &waiter).await?;
         if let Attempt::Granted(_) = self.acquire(&keys, &holder, lease, "startup probe", None).await? {
             self.acquire(&keys, &waiter, lease, "startup probe", Some(queueing)).await?;
-            self.release(&keys, &holder, None).await?;
+            self.release(&keys, &holder, None, None).await?;
             if self.withdraw(&keys, &waiter).await?.is_some() {
-                self.release(&keys, &waiter, None).await?;
+                self.release(&keys, &waiter, None, None).await?;
             }
         }
         // The probe's freed record and its hand-over's R:last, which keep its last fencing token for a lease,

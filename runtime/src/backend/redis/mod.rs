@@ -141,7 +141,7 @@ impl RedisBackend {
         };
         if let Err(e) = self.replicated(keys, epoch).await {
             // Not durable enough to use: give it back (best effort; otherwise it expires).
-            let _ = self.release(keys, token, None).await;
+            let _ = self.release(keys, token, None, None).await;
             return Err(e);
         }
         Ok(attempt)
@@ -418,11 +418,12 @@ impl Store for RedisBackend {
         &self,
         keys: &LockKeys,
         token: &LockToken,
+        fence: Option<u64>,
         keep: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
         // A keep that rounds to 0 ms would mean "delete": keep at least 1 ms.
         let keep_ms = keep.map_or(0, |k| millis(k).max(1));
-        let op = Op::Release { record: Cow::Borrowed(&keys.record), token: token.clone(), keep_ms };
+        let op = Op::Release { record: Cow::Borrowed(&keys.record), token: token.clone(), fence, keep_ms };
         let (code, ..) = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
         release_outcome(code).map_err(|e| self.error(keys, e))
     }

@@ -199,7 +199,7 @@ impl Store for RedlockBackend {
                 // No verdict (the round's caller was dropped) counts as failed.
                 let give_back = told.wait_for(|v| *v != Verdict::Pending).await.map_or(true, |v| *v == Verdict::GiveBack);
                 if give_back {
-                    if let Err(e) = server.release(&keys, &token, None).await {
+                    if let Err(e) = server.release(&keys, &token, None, None).await {
                         tracing::debug!(key = %keys.name, error = %e, "distlock: redlock could not give back a grant of a failed round; it expires by itself");
                     }
                 }
@@ -286,6 +286,7 @@ impl Store for RedlockBackend {
         &self,
         keys: &LockKeys,
         token: &LockToken,
+        fence: Option<u64>,
         keep: Option<Duration>,
     ) -> Result<ReleaseOutcome, LockError> {
         self.live.leave(token);
@@ -295,7 +296,7 @@ impl Store for RedlockBackend {
             async move {
                 // After this token's acquire or take on the server, if one is under way: never before it.
                 unfinished.over(i, &token).await;
-                let _ = tx.send((i, server.release(&keys, &token, keep).await));
+                let _ = tx.send((i, server.release(&keys, &token, fence, keep).await));
             }
         });
         let quorum = self.quorum();

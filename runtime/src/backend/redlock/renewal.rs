@@ -162,7 +162,7 @@ impl RedlockBackend {
                 let Ok(Some(verdict)) = told.wait_for(Option::is_some).await.map(|v| v.clone()) else { return };
                 for ((keys, token, _), (still, maybe)) in owned.iter().zip(verdict.iter().zip(maybe_held)) {
                     if !still && maybe {
-                        if let Err(e) = server.release(keys, token, None).await {
+                        if let Err(e) = server.release(keys, token, None, None).await {
                             tracing::debug!(key = %keys.name, error = %e, "distlock: redlock could not give back a lost lock's record; it expires by itself");
                         }
                     }

@@ -6,9 +6,9 @@
 --   b  acquire with the ttl and holder of the last 'a' before it in this call: token
 --   p  acquire on a store without queue or fencing (ACQUIRE_PLAIN): token, ttl ms, holder, lock-state mark
 --   q  acquire and queue: token, ttl ms, holder, register ms, hand-over lease ms, attempt
---   r  release: token
---   k  release but keep: token, keep ms
---   s  release sent again (the first send's outcome unknown): token, keep ms, 1
+--   r  release: token, the grant's fencing token
+--   k  release but keep: token, fencing token, keep ms
+--   s  release sent again (the first send's outcome unknown): token, fencing token, keep ms, 1
 -- Reply: one value per operation: a grant's fencing token as decimal text (its lease is the ttl asked for;
 --   ACQUIRE_PLAIN's grants: the age of the server's lock state in ms instead), a release's code,
 --   {code, fence, ms} for any other acquire reply (as ACQUIRE's slow path), or {FAILED, error message, 0}

@@ -37,7 +37,7 @@ local function run_batch(records, at, ops, a)
           code, fence, ms = slow().acquire(R, token, ttl, holder, '0', '0', '0', v)
         end
       elseif op == 114 then
-        a = t + 1
+        a = t + 2
         local token, v = ARGV[t], redis.call('get', R)
         -- (A token is TOKEN_END hex digits: a shorter one must not match as a prefix.)
         if v and #token == TOKEN_END and string.find(v, token, 1, true) == 1
@@ -45,14 +45,14 @@ local function run_batch(records, at, ops, a)
           -- #include freeing
           out[i] = RELEASED
         else
-          out[i] = slow().release(R, token, '0', v)
+          out[i] = slow().release(R, token, '0', v, false, ARGV[t + 1])
         end
       elseif op == 107 then
-        a = t + 2
-        out[i] = slow().release(R, ARGV[t], ARGV[t + 1], redis.call('get', R))
-      elseif op == 115 then
         a = t + 3
-        out[i] = slow().release(R, ARGV[t], ARGV[t + 1], redis.call('get', R), true)
+        out[i] = slow().release(R, ARGV[t], ARGV[t + 2], redis.call('get', R), false, ARGV[t + 1])
+      elseif op == 115 then
+        a = t + 4
+        out[i] = slow().release(R, ARGV[t], ARGV[t + 2], redis.call('get', R), true, ARGV[t + 1])
       elseif op == 113 then
         a = t + 6
         code, fence, ms = slow().acquire(R, ARGV[t], ARGV[t + 1], ARGV[t + 2], ARGV[t + 3], ARGV[t + 4], ARGV[t + 5])

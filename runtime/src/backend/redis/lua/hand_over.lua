@@ -1,8 +1,12 @@
--- released_by(R, half) → whether the release that handed the lock R over (the latest R:last, record.lua) was
--- that of the token whose second half is `half`.
-local function released_by(R, half)
+-- released_by(R, half, fence) → whether the release that handed the lock R over or kept it for min_hold (the
+-- latest R:last, record.lua) was that of the grant whose token's second half is `half` and whose fencing token
+-- is `fence` ('' when unknown). The fence tells two grants of one token apart: a request that gave a grant back
+-- (not acknowledged by the replicas) and was granted again must not read the give-back as its own release.
+local function released_by(R, half, fence)
   local kept = redis.call('get', R .. ':last')
-  return kept and string.match(kept, ':(%x*)$') == half
+  if not kept then return false end
+  local by, of = string.match(kept, '^%d+:(%x*):?(%d*)$')
+  return by == half and (fence == '' or of == '' or of == fence)
 end
 -- hand_over(R, last, half) → the heir's token, or nil when nobody waits. Gives the free lock R to the
 -- longest-waiting waiter still refreshing its place, for the hand-over lease it registered, as a new grant
@@ -25,7 +29,7 @@ local function hand_over(R, last, half)
     if holder then
       local fence, now = next_fence(last)
       redis.call('set', R, heir .. '+' .. fence .. ':' .. now .. ':' .. holder, 'px', lease)
-      redis.call('set', R .. ':last', fence .. ':' .. (half or ''), 'px', ttl)
+      redis.call('set', R .. ':last', fence .. ':' .. (half or '') .. ':' .. (half and last or ''), 'px', ttl)
       redis.call('publish', R .. ':released', heir .. ':' .. fence .. ':' .. lease .. ':' .. attempt)
       return heir
     end

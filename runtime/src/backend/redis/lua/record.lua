@@ -11,13 +11,14 @@
 -- nobody to hand it to has FREED written over the first half of its <token> (free.lua) and stays so for the
 -- rest of its lease (Redis keeps the record's expiry): free, but its last fencing token stays known to the
 -- next grant (fence.lua); its other fields mean nothing any more. The token's second half stays in both: it
--- tells a release sent again after its reply was lost that the release was its own (release_fn.lua), and
--- half a token grants nothing. FORCE_UNLOCK writes FREED over both halves: nobody released it.
+-- tells a release sent again after its reply was lost that the release was its own (release_fn.lua), with the
+-- <fence>, which tells two grants of one token apart, and half a token grants nothing. FORCE_UNLOCK writes FREED over both halves: nobody released it.
 --
 -- `R:last`, written only where a record ends or shortens sooner than the lease of the lock's last grant
 -- (a hand-over, whose record lasts the short hand-over lease; min_hold's NOBODY), is
--- `<fence>:<second half of the releasing token, or nothing>`: the last fencing token, kept for that lease
--- (the heir's ttl; the released record's PTTL), and who released. Read only when the record is gone.
+-- `<fence>:<second half of the releasing token, or nothing>:<the released grant's fence, or nothing>`: the last
+-- fencing token, kept for that lease (the heir's ttl; the released record's PTTL), and which grant released.
+-- Read only when the record is gone.
 local TOKEN_END = 32
 local TOKEN_HALF = 16
 local MARK_AT = 33
