@@ -58,18 +58,18 @@ fn config(model: Model, seed: u64, trace: bool) -> Config {
     config
 }
 
-/// The first schedule of `seeds` on `model` that the oracle faults, with its first violation, with the
-/// simulated servers running the scripts as `mutant` has them (two threads).
+/// The first schedule of `seeds` of the whole-API workload on `model` that the oracle faults, with its first
+/// violation, with the simulated servers running the scripts as `mutant` has them (two threads).
 pub fn first_failing(
     model: Model,
     seeds: Range<u64>,
     mutant: Option<distlock::simulation::LuaMutant>,
 ) -> Option<(u64, String)> {
     let run = |seed: u64| {
-        let mut config = Config::new(seed);
-        config.model = model;
+        let mut config = config(model, seed, false);
+        config.clients = clients(seed);
         config.lua_mutant = mutant.clone();
-        simulation::run(config, classic::workload).violations.first().map(|v| (seed, v.clone()))
+        simulation::run(config, workload).violations.first().map(|v| (seed, v.clone()))
     };
     let found: Vec<Option<(u64, String)>> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..2u64)
