@@ -116,8 +116,8 @@ async fn s03_run_whose_body_outlives_its_lease_reports_lost() {
 
 /// S8. A guard whose deadline passed (its executor starved) is lost, but the server may still hold its token
 /// (issue 15: "a guard dropped as lost still releases if the server may hold its token"): dropping it sends
-/// exactly one command with the token, the release (compare-and-delete: `EVALSHA <sha> 1 <record> <token>`),
-/// and never a renewal or extend.
+/// exactly one command with the token, the release (compare-and-delete: `EVALSHA <sha> 1 <record> <token>
+/// <fence>`, the grant's fencing token naming which grant it releases), and never a renewal or extend.
 #[tokio::test(flavor = "current_thread")]
 async fn s08_guard_lost_by_the_clock_sends_only_its_release() {
     const KEY: &str = "dropped-after-deadline";
@@ -129,6 +129,7 @@ async fn s08_guard_lost_by_the_clock_sends_only_its_release() {
 
     let guard = fx.client().lock(KEY).ttl(ttl).acquire().await.expect("acquire");
     let token = guard.token().expose_secret().to_owned();
+    let fence = guard.fencing_token().to_string();
     let acquired = Instant::now();
     starve_until(acquired + ttl + ms(100));
     assert!(guard.is_lost());
@@ -143,7 +144,7 @@ async fn s08_guard_lost_by_the_clock_sends_only_its_release() {
         monitor.lines()[mark..end].iter().filter(|l| is_client_command(l) && l.contains(&token)).cloned().collect();
     let release_shaped = |line: &String| {
         let args = monitor_args(line);
-        args.len() == 5 && args[0].eq_ignore_ascii_case("evalsha") && args[4] == token
+        args.len() == 6 && args[0].eq_ignore_ascii_case("evalsha") && args[4] == token && args[5] == fence
     };
     assert!(
         sent.len() == 1 && sent.iter().all(release_shaped),
