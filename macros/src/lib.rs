@@ -61,7 +61,8 @@ use proc_macro::TokenStream;
 ///   holding it stops; the watchdog renews it while the body runs. At least `"100ms"`.
 ///   Example: `ttl = "60s"`.
 /// - **`wait`** (default `"0s"`, a single attempt): how long to wait for a busy lock before returning
-///   `LockError::NotObtained`. Example: `wait = "5s"`.
+///   `LockError::NotObtained`; a transient failure (a timeout, a lost connection) within it is retried on
+///   `retry`'s schedule. Example: `wait = "5s"`.
 /// - **`retry`** (default `"exponential 25ms..1s"`): how often a waiting call goes back to the store
 ///   (`distlock::RetryStrategy`; a release hands the lock to the longest waiter at once regardless).
 ///   `"none"` (a single attempt; `wait` is then a compile error), `"linear <step>"`, or

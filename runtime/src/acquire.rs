@@ -18,9 +18,6 @@ use crate::observe;
 use crate::shutdown::Activity;
 use crate::{held, Client, LockError, LockGuard, LockRequest, LockToken, RetryStrategy};
 
-/// The pause before trying again after an attempt failed while waiting.
-const RETRY_AFTER_ERROR: Duration = Duration::from_millis(50);
-
 /// When to give up if `wait` is effectively forever.
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 86_400);
 
@@ -127,7 +124,17 @@ async fn acquire_free(request: &LockRequest, names: &[String]) -> Result<Option<
         .collect();
     let locks: Vec<(&LockKeys, &LockToken)> = pending.iter().map(|p| (&p.keys, &p.token)).collect();
     let sent = Instant::now();
-    let Some(holds) = backend.acquire_free(&locks, request.ttl, &request.metadata).await? else {
+    let holds = match backend.acquire_free(&locks, request.ttl, &request.metadata).await {
+        Ok(holds) => holds,
+        // A passing failure, with a wait to ride it out in: dropping `pending` gives back what the call may
+        // have granted, and the keys are taken one by one, each retrying within the wait.
+        Err(e) if e.is_transient() && !request.wait.is_zero() && request.retry != RetryStrategy::None => {
+            tracing::debug!(error = %e, "distlock: taking several free keys at once failed; taking them one by one");
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    let Some(holds) = holds else {
         pending.iter_mut().for_each(|p| p.in_flight = false); // nothing was granted
         return Ok(None);
     };
@@ -177,6 +184,8 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
     let mut last_busy: Option<BusyAttempt> = None;
     let mut retries = 0;
     let mut attempts = 0;
+    // Failed attempts in a row, for the retry strategy's delay before the next.
+    let mut failures = 0;
     loop {
         attempts += 1;
         // Queue only once waiting, and listening where the store announces: a hand-over announced before
@@ -185,20 +194,20 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
         pending.queued |= queueing.is_some();
         pending.in_flight = true;
         let sent = Instant::now();
-        let attempt = match backend
-            .acquire(&pending.keys, &pending.token, request.ttl, &request.metadata, queueing)
-            .await
-        {
-            Ok(attempt) => attempt,
-            // While waiting, a passing failure (a reconnect) costs a retry, not the request. The same token
-            // is sent again, so a grant the failed attempt made is found and claimed.
-            Err(e) if last_busy.is_some() && Instant::now() + RETRY_AFTER_ERROR < deadline => {
-                tracing::debug!(key = %pending.keys.name, error = %e, "distlock: attempt failed while waiting; retrying");
-                tokio::time::sleep(RETRY_AFTER_ERROR).await;
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
+        let attempt =
+            match backend.acquire(&pending.keys, &pending.token, request.ttl, &request.metadata, queueing).await {
+                Ok(attempt) => attempt,
+                // Its outcome is unknown, so `pending` stays in flight: the retry sends the same token, whose
+                // script finds and claims a grant the failed attempt made; if the request ends here instead,
+                // dropping `pending` gives such a grant back.
+                Err(e) => {
+                    failures += 1;
+                    let pause = retry_after(request, e, failures, last_busy.is_some(), (started, deadline))?;
+                    tokio::time::sleep(pause).await;
+                    continue;
+                }
+            };
+        failures = 0;
         let remaining = match attempt {
             Attempt::Granted(hold) => {
                 let lease = Lease::granted(request.ttl, sent, hold.lease);
@@ -229,7 +238,18 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
             waiting = true;
             _waiting_gauge = Some(observe::Waiting::start());
             if capabilities.wake_ups == WakeUps::Exact {
-                releases = Some(backend.watch_releases(&pending.keys, &pending.token).await?);
+                match backend.watch_releases(&pending.keys, &pending.token).await {
+                    Ok(watch) => releases = Some(watch),
+                    // Not listening yet: start waiting afresh after the pause (the next attempt, not queued,
+                    // finds the lock busy and subscribes again).
+                    Err(e) => {
+                        failures += 1;
+                        let pause = retry_after(request, e, failures, true, (started, deadline))?;
+                        (waiting, _waiting_gauge) = (false, None);
+                        tokio::time::sleep(pause).await;
+                        continue;
+                    }
+                }
             }
             if capabilities.fair_queue {
                 continue; // take a place in the queue at once
@@ -271,6 +291,35 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
         // Otherwise the next attempt, sent now, claims a live hand-over with a lease dated from its own send, or
         // finds the lock busy and keeps this waiter's place.
     }
+}
+
+/// After the `failures`-th failure in a row, `error`: the pause before the next attempt if the wait allows one,
+/// else the request's error. A [transient](LockError::is_transient) failure (a timeout, a dropped connection,
+/// replicas behind) is retried on the request's retry strategy while its wait lasts; so is any failure once
+/// the lock was found busy (`waiting`: a cluster or a failover settling), as before. Without a wait
+/// (`try_acquire`) or with [`RetryStrategy::None`], `error` is the answer at once. When the wait runs out
+/// first, a backend error says so in its hint, and for how long the request tried.
+fn retry_after(
+    request: &LockRequest,
+    error: LockError,
+    failures: u32,
+    waiting: bool,
+    (started, deadline): (Instant, Instant),
+) -> Result<Duration, LockError> {
+    let Some(pause) = request.retry.delay(failures).filter(|_| waiting || error.is_transient()) else {
+        return Err(error);
+    };
+    if Instant::now() + pause < deadline {
+        tracing::debug!(error = %error, failures, pause_ms = observe::millis(pause), "distlock: an attempt failed; retrying within the wait");
+        return Ok(pause);
+    }
+    Err(match error {
+        LockError::Backend(e) if deadline > started => LockError::Backend(e.with_note(&format!(
+            "the request's wait ran out after {failures} failed attempt(s) in a row, {} after it started (this is the last one's error)",
+            crate::error::Millis(started.elapsed())
+        ))),
+        other => other,
+    })
 }
 
 /// The wait ran out: leave the queue, unless the lock was handed to us at the last moment.
@@ -412,102 +461,4 @@ impl Drop for Pending {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use crate::backend::{Backend, Capabilities, Fencing, MemoryBackend, WakeUps};
-    use crate::client::ClientInner;
-    use crate::{Client, LockError, ReleaseOutcome, RetryStrategy};
-
-    /// A store without a wait queue or announcements (as Redlock will be): waiters poll on their retry
-    /// strategy, never queue, and still get the lock once it is free, within their wait.
-    #[tokio::test(start_paused = true)]
-    async fn without_queue_or_wake_ups_waiters_poll() {
-        let bare = Capabilities {
-            fair_queue: false,
-            wake_ups: WakeUps::None,
-            fencing: Fencing::Monotonic,
-            replica_acks: false,
-        };
-        let store = MemoryBackend::with_capabilities(bare);
-        let client = Client {
-            inner: Arc::new(ClientInner {
-                backend: Backend::Memory(store.clone()),
-                prefix: "t:".into(),
-                owner: "t".into(),
-                renewer: Default::default(),
-                shutdown: Default::default(),
-            }),
-        };
-        let holder = client.lock("k").ttl(Duration::from_secs(10)).acquire().await.unwrap();
-        let waiter = client
-            .lock("k")
-            .wait(Duration::from_secs(5))
-            .retry(RetryStrategy::Linear { step: Duration::from_millis(100) })
-            .acquire();
-        let waiter = crate::hooks::spawn(waiter);
-        tokio::time::sleep(Duration::from_millis(350)).await;
-        assert!(!store.has_queue("t:{k}"), "a waiter queued on a store without a fair queue");
-        holder.release().await.unwrap();
-        let guard = waiter.await.unwrap().expect("the waiter gets the lock by polling");
-        assert!(!guard.is_lost());
-    }
-
-    /// A request of no key is refused before any call; a key named twice is one lock.
-    #[tokio::test]
-    async fn lock_all_needs_a_key_and_merges_duplicates() {
-        let client = Client::builder().memory().build().await.unwrap();
-        let none = client.lock_all(Vec::<String>::new()).acquire().await;
-        assert!(matches!(none, Err(LockError::InvalidConfig(ref m)) if m.contains("no key")), "{none:?}");
-        let bad = client.lock_all(["ok", ""]).acquire().await;
-        assert!(matches!(bad, Err(LockError::InvalidKey { .. })), "{bad:?}");
-        assert!(client.lock_info("ok").await.unwrap().is_none(), "a bad key takes nothing");
-        let guard = client.lock_all(["b", "a", "b"]).acquire().await.unwrap();
-        assert_eq!(guard.keys().collect::<Vec<_>>(), ["a", "b"]);
-        assert_ne!(guard.fencing_token_of("a"), None);
-        assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
-    }
-
-    /// The keys are taken in sorted order within one wait: the busy key "b" is waited for while "a" is held,
-    /// and when the wait runs out "a" is given back before the error, which names "b" and the whole wait.
-    #[tokio::test(start_paused = true)]
-    async fn a_busy_later_key_gives_back_the_earlier_ones_after_one_wait() {
-        let client = Client::builder().memory().build().await.unwrap();
-        let holder = client.lock("b").ttl(Duration::from_secs(60)).acquire().await.unwrap();
-        let started = tokio::time::Instant::now();
-        let failed = client.lock_all(["b", "a"]).wait(Duration::from_secs(2)).acquire().await;
-        match failed {
-            Err(LockError::NotObtained { key, waited, .. }) => {
-                assert_eq!(key, "b");
-                assert!(waited >= Duration::from_secs(2) && started.elapsed() < Duration::from_secs(3), "{waited:?}");
-            }
-            other => panic!("expected NotObtained, got {other:?}"),
-        }
-        assert!(client.lock_info("a").await.unwrap().is_none(), "the first key was given back");
-        assert_eq!(holder.release().await.unwrap(), ReleaseOutcome::Released);
-    }
-
-    /// Inside a body holding "a", a request for "a" and "c" uses the held "a" and takes "c"; its release gives
-    /// back "c" only.
-    #[tokio::test]
-    async fn a_partly_nested_request_takes_only_the_keys_not_held() {
-        let client = Client::builder().memory().build().await.unwrap();
-        let c = client.clone();
-        client
-            .lock("a")
-            .run(async move {
-                let outer = c.lock_info("a").await.unwrap().expect("held").fencing_token;
-                let guard = c.lock_all(["c", "a"]).acquire().await.unwrap();
-                assert_eq!(guard.fencing_token_of("a"), Some(outer), "the outer grant");
-                assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
-                assert!(c.lock_info("a").await.unwrap().is_some(), "still the outer body's");
-                assert!(c.lock_info("c").await.unwrap().is_none(), "given back");
-                let all = c.lock_all(["a", "a"]).acquire().await.unwrap();
-                assert_eq!(all.release().await.unwrap(), ReleaseOutcome::Nested);
-            })
-            .await
-            .unwrap();
-        assert!(client.lock_info("a").await.unwrap().is_none());
-    }
-}
+mod tests;

@@ -189,7 +189,10 @@ impl LockRequest {
         self
     }
 
-    /// How long to wait while another owner holds the lock. Default zero: one attempt.
+    /// How long to wait while another owner holds the lock. Default zero: one attempt. Within it a transient
+    /// failure ([`LockError::is_transient`](crate::LockError::is_transient): a timeout, a lost connection) is
+    /// retried on the [`retry`](LockRequest::retry) strategy; when the wait runs out first, the last failure is
+    /// the error, its message saying that the wait ran out.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self

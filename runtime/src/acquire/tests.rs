@@ -1,0 +1,95 @@
+//! Unit tests of taking locks, on the memory store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::{Backend, Capabilities, Fencing, MemoryBackend, WakeUps};
+use crate::client::ClientInner;
+use crate::{Client, LockError, ReleaseOutcome, RetryStrategy};
+
+/// A store without a wait queue or announcements (as Redlock will be): waiters poll on their retry
+/// strategy, never queue, and still get the lock once it is free, within their wait.
+#[tokio::test(start_paused = true)]
+async fn without_queue_or_wake_ups_waiters_poll() {
+    let bare =
+        Capabilities { fair_queue: false, wake_ups: WakeUps::None, fencing: Fencing::Monotonic, replica_acks: false };
+    let store = MemoryBackend::with_capabilities(bare);
+    let client = Client {
+        inner: Arc::new(ClientInner {
+            backend: Backend::Memory(store.clone()),
+            prefix: "t:".into(),
+            owner: "t".into(),
+            renewer: Default::default(),
+            shutdown: Default::default(),
+        }),
+    };
+    let holder = client.lock("k").ttl(Duration::from_secs(10)).acquire().await.unwrap();
+    let waiter = client
+        .lock("k")
+        .wait(Duration::from_secs(5))
+        .retry(RetryStrategy::Linear { step: Duration::from_millis(100) })
+        .acquire();
+    let waiter = crate::hooks::spawn(waiter);
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert!(!store.has_queue("t:{k}"), "a waiter queued on a store without a fair queue");
+    holder.release().await.unwrap();
+    let guard = waiter.await.unwrap().expect("the waiter gets the lock by polling");
+    assert!(!guard.is_lost());
+}
+
+/// A request of no key is refused before any call; a key named twice is one lock.
+#[tokio::test]
+async fn lock_all_needs_a_key_and_merges_duplicates() {
+    let client = Client::builder().memory().build().await.unwrap();
+    let none = client.lock_all(Vec::<String>::new()).acquire().await;
+    assert!(matches!(none, Err(LockError::InvalidConfig(ref m)) if m.contains("no key")), "{none:?}");
+    let bad = client.lock_all(["ok", ""]).acquire().await;
+    assert!(matches!(bad, Err(LockError::InvalidKey { .. })), "{bad:?}");
+    assert!(client.lock_info("ok").await.unwrap().is_none(), "a bad key takes nothing");
+    let guard = client.lock_all(["b", "a", "b"]).acquire().await.unwrap();
+    assert_eq!(guard.keys().collect::<Vec<_>>(), ["a", "b"]);
+    assert_ne!(guard.fencing_token_of("a"), None);
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+}
+
+/// The keys are taken in sorted order within one wait: the busy key "b" is waited for while "a" is held,
+/// and when the wait runs out "a" is given back before the error, which names "b" and the whole wait.
+#[tokio::test(start_paused = true)]
+async fn a_busy_later_key_gives_back_the_earlier_ones_after_one_wait() {
+    let client = Client::builder().memory().build().await.unwrap();
+    let holder = client.lock("b").ttl(Duration::from_secs(60)).acquire().await.unwrap();
+    let started = tokio::time::Instant::now();
+    let failed = client.lock_all(["b", "a"]).wait(Duration::from_secs(2)).acquire().await;
+    match failed {
+        Err(LockError::NotObtained { key, waited, .. }) => {
+            assert_eq!(key, "b");
+            assert!(waited >= Duration::from_secs(2) && started.elapsed() < Duration::from_secs(3), "{waited:?}");
+        }
+        other => panic!("expected NotObtained, got {other:?}"),
+    }
+    assert!(client.lock_info("a").await.unwrap().is_none(), "the first key was given back");
+    assert_eq!(holder.release().await.unwrap(), ReleaseOutcome::Released);
+}
+
+/// Inside a body holding "a", a request for "a" and "c" uses the held "a" and takes "c"; its release gives
+/// back "c" only.
+#[tokio::test]
+async fn a_partly_nested_request_takes_only_the_keys_not_held() {
+    let client = Client::builder().memory().build().await.unwrap();
+    let c = client.clone();
+    client
+        .lock("a")
+        .run(async move {
+            let outer = c.lock_info("a").await.unwrap().expect("held").fencing_token;
+            let guard = c.lock_all(["c", "a"]).acquire().await.unwrap();
+            assert_eq!(guard.fencing_token_of("a"), Some(outer), "the outer grant");
+            assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+            assert!(c.lock_info("a").await.unwrap().is_some(), "still the outer body's");
+            assert!(c.lock_info("c").await.unwrap().is_none(), "given back");
+            let all = c.lock_all(["a", "a"]).acquire().await.unwrap();
+            assert_eq!(all.release().await.unwrap(), ReleaseOutcome::Nested);
+        })
+        .await
+        .unwrap();
+    assert!(client.lock_info("a").await.unwrap().is_none());
+}
