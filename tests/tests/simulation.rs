@@ -267,7 +267,10 @@ fn redis_seed_987_a_late_announcement_is_not_trusted_when_tokens_go_back() {
 ///   fencing token;
 /// - redis 5986: a wait's end sending its last calls twice on a script's first use (NOSCRIPT);
 /// - redlock 7086 and 9784: a force_unlock deleting a grant on one server while its round was under way;
-/// - redis+replicas 16266: a server clock stepped back keeps a cancelled request's record that much longer;
+/// - redis+replicas 16266 and 13306: a server clock stepped back (after the request was cancelled, or before,
+///   while its record lived) keeps a cancelled request's record that much longer;
+/// - redis+replicas 14930: a failover to a replica 4.46 ms ahead against an allowance of 4.61 ms, past it with
+///   Redis's whole-ms expiry (the README's S1 now says the allowance less 1 ms);
 /// - redis+replicas 26410: a late give-back applied just before the same token's next grant, in one instant;
 /// - redis+replicas 26281: the simulated connection reopened when the server reset a call, before its client
 ///   could know: a `WAIT` went on the new socket while the link still read the old epoch (the model's error,
@@ -276,6 +279,8 @@ fn redis_seed_987_a_late_announcement_is_not_trusted_when_tokens_go_back() {
 fn whole_api_seeds_the_oracle_once_faulted_run_clean() {
     for (model, seed) in [
         (Model::RedisReplicas, 16266),
+        (Model::RedisReplicas, 13306),
+        (Model::RedisReplicas, 14930),
         (Model::RedisReplicas, 26410),
         (Model::RedisReplicas, 26281),
         (Model::RedisReplicas, 225),

@@ -617,7 +617,8 @@ impl Sim {
                 // A pause of the store holds commands sent before the crash; they may still apply after it. A
                 // server clock stepped back keeps the crashed client's records that much longer.
                 let paused = world.state().paused_until;
-                let due = paused.max(crashed) + bound + world.stepped_back_since(crashed);
+                let back = world.stepped_back_since(crashed.checked_sub(bound).unwrap_or(world.start));
+                let due = paused.max(crashed) + bound + back;
                 if due <= until {
                     break;
                 }

@@ -254,8 +254,11 @@ impl World {
                     (state.paused_until, state.frozen_until[client])
                 };
                 let Some(frozen) = frozen else { return };
-                // A server clock stepped back keeps what it holds that much longer (redis+replicas seed 16266).
-                let due = paused.max(frozen).max(since) + bound + world.stepped_back_since(since);
+                // A server clock stepped back keeps what it holds that much longer (redis+replicas seed 16266),
+                // also a step taken before `since` while the record already lived (seed 13306): any within a
+                // bound before it.
+                let back = world.stepped_back_since(since.checked_sub(bound).unwrap_or(world.start));
+                let due = paused.max(frozen).max(since) + bound + back;
                 if due <= until {
                     break;
                 }
