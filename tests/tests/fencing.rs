@@ -105,10 +105,13 @@ async fn released_locks_leave_no_key_without_an_expiry() {
         let value: Option<String> = redis::cmd("GET").arg(key).query_async(&mut conn).await.unwrap();
         let Some(value) = value else { continue };
         if key.ends_with(":last") {
-            // A hand-over's last token, kept for the heir's ttl: `<fence>:<the releasing token's second half>`.
-            let (fence, half) = value.split_once(':').unwrap_or_default();
-            let digits = fence.parse::<u64>().is_ok() && half.bytes().all(|b| b.is_ascii_hexdigit());
-            assert!(digits && half.len() <= 16, "{key} is not a last token: {value:?}");
+            // A hand-over's last token, kept for the heir's ttl: `<fence>:<the releasing token's second half>:<the
+            // released grant's fence>`.
+            let fields: Vec<&str> = value.split(':').collect();
+            let [fence, half, released] = fields[..] else { panic!("{key} is not a last token: {value:?}") };
+            let digits = fence.parse::<u64>().is_ok() && released.parse::<u64>().is_ok();
+            let half_token = half.len() <= 16 && half.bytes().all(|b| b.is_ascii_hexdigit());
+            assert!(digits && half_token, "{key} is not a last token: {value:?}");
             continue;
         }
         assert!(freed_fence(&value).is_some(), "{key} is not a freed record: {value:?}");
