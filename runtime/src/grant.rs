@@ -154,17 +154,17 @@ impl Grant {
     /// if that is earlier. A lease can lie past it: a claimed hand-over keeps the record's longer expiry, and an
     /// extend may ask for less. Returns the lease after the change.
     pub(crate) fn lower_for(&self, ttl: Duration, sent: Instant) -> Lease {
-        let applied = Lease::granted(ttl, sent, ttl);
-        let mut now = self.lease();
+        let mut after = Lease::granted(ttl, sent, ttl);
+        let until = after.valid_until;
         self.update_lease(|l| {
-            let shorter = applied.valid_until < l.valid_until;
+            let shorter = until < l.valid_until;
             if shorter {
-                l.valid_until = applied.valid_until;
+                l.valid_until = until;
             }
-            now = *l;
+            after = *l;
             shorter
         });
-        now
+        after
     }
 
     /// Whether this grant may no longer be used: finished (released, dropped), marked lost, or past its
