@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Model, World};
-use crate::grant::{drift, Grant};
+use crate::grant::Grant;
 
 /// One server's view of a record: owner token, fencing token, expiry.
 type Seen = Option<(Option<String>, u64, Instant)>;
@@ -32,10 +32,14 @@ impl World {
     /// lease.
     pub(super) fn stepped_past_allowance(&self, node: usize, grant: &Grant) -> bool {
         let lease = grant.lease();
-        // valid_until = since + L − drift(L), so the lease L the server reported is (valid − 2 ms) / 0.99.
+        // The README's rule, written out here rather than borrowed from the engine's `drift` (a check that
+        // shares the formula it checks cannot fail when the formula is wrong): a guard counts L − (L·1% + 2 ms)
+        // from its send, for the lease L the server reported, so L = (valid + 2 ms) / 0.99 and the allowance is
+        // L·1% + 2 ms. Were the engine to count less (or no) allowance, this still gives the README's, and a step
+        // within it ends the record before the guard's deadline: `check_grant` reports it.
         let valid = lease.valid_until.saturating_duration_since(lease.since);
         let reported = (valid + Duration::from_millis(2)).mul_f64(1.0 / 0.99);
-        let allowance = drift(reported).as_micros() as i64;
+        let allowance = (reported / 100 + Duration::from_millis(2)).as_micros() as i64;
         let forward: i64 = self.nodes()[node]
             .steps_as_primary
             .iter()

@@ -190,6 +190,12 @@ struct State {
     beyond_restart: std::collections::BTreeSet<String>,
     /// Tokens of grants a guard was seen to read lost: a lock seen lost never comes back.
     seen_lost: std::collections::BTreeSet<String>,
+    /// Tokens whose holder the workload said is gone (request over, guard released or dropped): a guard of
+    /// theirs (one that escaped its body) may read lost with the store still holding the grant. Learnt from the
+    /// workload, not from the engine's own `is_finished()`, which a bug could switch on for every grant.
+    finished: std::collections::BTreeSet<String>,
+    /// Per lock body's name: the grants its guard holds, for the check of a `run` that returns `Lost`.
+    bodies: std::collections::BTreeMap<String, Vec<Weak<Grant>>>,
     /// Every grant the store was seen to hold: record, owner token and fencing token (one token may own a record
     /// twice, by two grants: a hand-over that lapsed unclaimed, then another).
     owners_seen: std::collections::BTreeSet<(String, String, u64)>,
@@ -304,6 +310,8 @@ impl World {
             ttl_asked: Default::default(),
             beyond_restart: Default::default(),
             seen_lost: Default::default(),
+            finished: Default::default(),
+            bodies: Default::default(),
             owners_seen: Default::default(),
             owners: Default::default(),
             issued: vec![0; clients],
@@ -640,7 +648,10 @@ impl Sim {
     pub fn watch(&self, client: usize, guard: &LockGuard, name: impl Into<String>) {
         let name = name.into();
         self.0.trace(|| format!("c{client} {name}: holds fence {}", guard.fencing_token()));
-        self.0.state().probes.push((Arc::downgrade(guard.grant()), client, name));
+        let mut state = self.0.state();
+        state.bodies.insert(name.clone(), vec![Arc::downgrade(guard.grant())]);
+        state.probes.push((Arc::downgrade(guard.grant()), client, name));
+        drop(state);
         self.0.check("watch");
     }
 
@@ -662,6 +673,7 @@ impl Sim {
     /// The holder of `tokens` on `key` is gone (its request ended, its guard was released or dropped): unless a
     /// fault kept its client's clean-up from the store, the store must hold none of them a moment later.
     pub fn gone(&self, client: usize, key: &str, tokens: Vec<String>) {
+        self.0.state().finished.extend(tokens.iter().cloned());
         let world = Arc::clone(&self.0);
         let record = crate::backend::LockKeys::new(PREFIX, key.to_owned()).record;
         tokio::spawn(async move {
@@ -698,18 +710,27 @@ impl Sim {
     }
 }
 
-/// The tokens a tracked request used; see [`Sim::track`].
-#[derive(Debug, Clone, Default)]
-pub struct Tokens(Arc<Mutex<Vec<String>>>);
+/// The tokens a tracked request used, and when it began; see [`Sim::track`].
+#[derive(Debug, Clone)]
+pub struct Tokens {
+    seen: Arc<Mutex<Vec<String>>>,
+    started: Instant,
+}
+
+impl Default for Tokens {
+    fn default() -> Self {
+        Self { seen: Arc::default(), started: Instant::now() }
+    }
+}
 
 impl Tokens {
     /// The tokens seen so far.
     pub fn get(&self) -> Vec<String> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.seen.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     fn add(&self, token: &str) {
-        let mut tokens = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut tokens = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
         if !tokens.iter().any(|t| t == token) {
             tokens.push(token.to_owned());
         }

@@ -124,7 +124,7 @@ impl World {
     /// kept its client's renewals from the store since its last lease was granted.
     pub(super) fn check_needless_loss(&self, grant: &Grant, client: usize, name: &str) {
         let lease = grant.lease();
-        if grant.is_finished() || lease.gone {
+        if lease.gone || self.state().finished.contains(grant.token.as_str()) {
             return;
         }
         let since = lease.since.checked_sub(self.config.response_timeout).unwrap_or(lease.since);
@@ -211,6 +211,54 @@ impl World {
                     short(&holder)
                 ));
             }
+        }
+    }
+
+    /// A `run` returned `Lost` before its body watched its guard (the lock lost before the body's first
+    /// poll): unless a fault touched its client since the request began, some key of it must have been lost, not
+    /// held for the request's tokens by the store longer than a guard's deadline may fall short of the store's
+    /// expiry: the README's drift allowance, the send's delay, Redis's whole-ms expiry, and any clock step back.
+    pub(super) fn check_lost_before_body(&self, client: usize, name: &str, keys: &[String], tokens: &super::Tokens) {
+        let seen = tokens.get();
+        let now = Instant::now();
+        let since = tokens.started.checked_sub(self.config.response_timeout).unwrap_or(tokens.started);
+        if seen.is_empty() || seen.iter().any(|token| self.excused(token)) || self.disturbed(client, since, now) {
+            return;
+        }
+        let back = self.stepped_back_since(tokens.started);
+        let mut held = Vec::new();
+        for key in keys {
+            let record = crate::backend::LockKeys::new(super::PREFIX, key.clone()).record;
+            let Some(until) = self.held_until(&record, &seen) else { return };
+            let lease = until.saturating_duration_since(tokens.started);
+            let slack = lease / 100 + Duration::from_millis(3) + 2 * self.config.normal_delay + back;
+            if until.saturating_duration_since(now) <= slack {
+                return;
+            }
+            held.push(format!("{key} for {:?} more", until - now));
+        }
+        self.violation(format!(
+            "c{client} {name}: run returned Lost before its body started, with no fault since it began, while the store holds {}",
+            held.join(", ")
+        ));
+    }
+
+    /// Until when `record` is held for one of `tokens`: the primary's expiry; on a Redlock group, until when a
+    /// majority holds it.
+    fn held_until(&self, record: &str, tokens: &[String]) -> Option<Instant> {
+        if let super::Model::Redlock(n) = self.config.model {
+            let mut until: Vec<Instant> = self
+                .peek_each(record)
+                .into_iter()
+                .filter_map(|s| s.filter(|(t, ..)| t.as_ref().is_some_and(|t| tokens.contains(t))))
+                .map(|(.., expires)| expires)
+                .collect();
+            until.sort_unstable_by(|a, b| b.cmp(a));
+            return until.get(n / 2).copied();
+        }
+        match self.peek(record) {
+            Some((Some(holder), _, expires)) if tokens.contains(&holder) => Some(expires),
+            _ => None,
         }
     }
 

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{short, Sim, World, PREFIX};
+use super::{short, Sim, Tokens, World, PREFIX};
 use crate::backend::LockKeys;
 use crate::grant::Grant;
 use crate::{LockError, LockGuard, OnLost, ReleaseOutcome};
@@ -289,6 +289,7 @@ impl Sim {
         let owned: Vec<Weak<Grant>> =
             grants.iter().filter(|grant| !guard.is_nested() && !held(grant)).map(Arc::downgrade).collect();
         let mut state = world.state();
+        state.bodies.insert(name.to_owned(), grants.iter().map(Arc::downgrade).collect());
         for grant in &grants {
             if !state.probes.iter().any(|(probe, ..)| probe.as_ptr() == Arc::as_ptr(grant)) {
                 state.probes.push((Arc::downgrade(grant), client, name.to_owned()));
@@ -365,6 +366,45 @@ impl Sim {
         }
         world.check("observation");
         !lost
+    }
+
+    /// A `run` of `keys` (tracked as `tokens`, its lock body named `name`) returned, with `Err(Lost)` when
+    /// `lost`: its lock must have been lost, the store no longer holding the grant or a fault having kept its
+    /// renewals away, as when a guard reads lost ([`Sim::look`]). A body that watched its guard
+    /// ([`Sim::watch_guard`]) is judged by its grants (checked as `run` returns: the guard's release has only
+    /// been spawned, so they are not finished yet); one that never started, by what the store holds for the
+    /// request's tokens.
+    pub fn run_ended(&self, client: usize, name: &str, keys: &[String], tokens: &Tokens, lost: bool) {
+        let world = &self.0;
+        let watched = world.state().bodies.remove(name);
+        if !lost || world.state().truth.shutting_down.contains_key(&client) {
+            return;
+        }
+        // Names repeat (nested requests at one depth): grants of a request over before this one are not its.
+        let finished = |grant: &Arc<Grant>| world.state().finished.contains(grant.token.as_str());
+        let watched = watched.unwrap_or_default();
+        let alive: Vec<Arc<Grant>> = watched.iter().filter_map(Weak::upgrade).collect();
+        if alive.len() < watched.len() {
+            // The guard's drop let go of a grant without spawning its release: the store said it was gone.
+            return;
+        }
+        let grants: Vec<Arc<Grant>> = alive.into_iter().filter(|grant| !finished(grant)).collect();
+        if !grants.is_empty() {
+            if grants.iter().all(|grant| !grant.is_lost()) {
+                world.violation(format!(
+                    "c{client} {name}: run returned Lost while every grant of its guard reads valid"
+                ));
+                return;
+            }
+            let now = Instant::now();
+            for grant in grants.iter().filter(|grant| grant.is_lost()) {
+                if grant.max_hold_until.is_none_or(|cap| cap > now) {
+                    world.check_needless_loss(grant, client, name);
+                }
+            }
+            return;
+        }
+        world.check_lost_before_body(client, name, keys, tokens);
     }
 
     /// A lock body runs (a step, or its start): S5, the store holds its grant. `chain` is each body around this

@@ -19,6 +19,7 @@ impl User {
         let within = opts.wait + 2 * opts.ttl + Duration::from_millis(100);
         let outcome = self.maybe_cancelled(0.2, within, running).await;
         sim.trace(|| format!("c{c} {name}: run ended with {:?}", outcome.as_ref().map(|o| o.as_ref().map(|_| ()))));
+        sim.run_ended(c, name, &keys, &tokens, matches!(outcome, Some(Err(LockError::Lost { .. }))));
         // A body may have extended its lease up to MAX_LEASE.
         self.left(&keys, tokens.get(), outcome.is_none().then_some(MAX_LEASE));
     }
@@ -31,6 +32,7 @@ impl User {
         let body = self.body(name.to_owned(), &keys, opts, &[], 0, true);
         let (tokens, running) = sim.track(request.run(body));
         let outcome = running.await;
+        sim.run_ended(c, name, &keys, &tokens, matches!(outcome, Err(LockError::Lost { .. })));
         self.left(&keys, tokens.get(), None);
         let Ok(Some(escaped)) = outcome else { return };
         let name = format!("{name} (escaped)");
@@ -131,7 +133,10 @@ impl User {
                 let (request, mut opts) = self.request(std::slice::from_ref(&key), false);
                 opts.max_hold = None;
                 let keys = [key];
-                let outcome = request.run(self.body(name.clone(), &keys, opts, chain, depth, false)).await;
+                let (tokens, running) =
+                    sim.track(request.run(self.body(name.clone(), &keys, opts, chain, depth, false)));
+                let outcome = running.await;
+                sim.run_ended(c, &name, &keys, &tokens, matches!(outcome, Err(LockError::Lost { .. })));
                 sim.trace(|| format!("c{c} {name}: reentrant run ended with {:?}", outcome.map(|_| ())));
             }
             (0, _) | (_, None) => {
@@ -154,6 +159,7 @@ impl User {
                 let body = self.body(name.clone(), &keys, opts, chain, depth, false);
                 let (tokens, running) = sim.track(request.run(body));
                 let outcome = running.await;
+                sim.run_ended(c, &name, &keys, &tokens, matches!(outcome, Err(LockError::Lost { .. })));
                 sim.trace(|| format!("c{c} {name}: run of {other} ended with {:?}", outcome.map(|_| ())));
                 self.left(&[other], tokens.get(), None);
             }

@@ -179,6 +179,8 @@ async fn run(sim: &Sim, client: &Client, c: usize, key: &str, name: &str) {
     let within = wait + 2 * ttl + Duration::from_millis(100);
     let outcome = maybe_cancelled(sim, within, running).await;
     sim.trace(|| format!("c{c} {name}: run ended with {:?}", outcome.as_ref().map(|o| o.as_ref().map(|_| ()))));
+    let lost = matches!(outcome, Some(Err(distlock::LockError::Lost { .. })));
+    sim.run_ended(c, name, &[key.to_owned()], &tokens, lost);
     sim.gone(c, key, tokens.get());
 }
 
