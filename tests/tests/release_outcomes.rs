@@ -226,6 +226,24 @@ async fn a_release_reads_only_its_own_grant_s_trace() {
     let first: redis::Value =
         eval(acquire, &[token, "5000", "5:owner"]).query_async(&mut admin).await.expect("ACQUIRE");
     let first = fence_of(&first);
+    // Another grant's release (another fencing token, as after a failover to a replica that saw this grant's
+    // release but not the grant it names) does not take this grant's trace for its own: its grant is over,
+    // and the record freed by another, EXPIRED.
+    let mut on_freed = redis::cmd("EVAL");
+    on_freed.arg(acquire).arg(1).arg("{freed}").arg(&[token, "5000", "5:owner"]);
+    let freed = fence_of(&on_freed.query_async(&mut admin).await.expect("ACQUIRE"));
+    let mut release_freed = |fence: &str, again: &str| {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(release).arg(1).arg("{freed}").arg(&[token, fence, "0", again]);
+        cmd
+    };
+    let released: i64 = release_freed(&freed, "0").query_async(&mut admin).await.expect("RELEASE");
+    assert_eq!(released, 1, "released");
+    let other = (freed.parse::<u64>().expect("a fence") + 1).to_string();
+    let outcome: i64 = release_freed(&other, "0").query_async(&mut admin).await.expect("RELEASE");
+    assert_eq!(outcome, 0, "another grant's release read the freed record as its own: EXPIRED expected");
+    let again: i64 = release_freed(&freed, "1").query_async(&mut admin).await.expect("RELEASE");
+    assert_eq!(again, 1, "this grant's release, sent again, finds the record it freed: RELEASED");
     let kept: i64 = eval(release, &[token, &first, "50"]).query_async(&mut admin).await.expect("RELEASE");
     assert_eq!(kept, 1, "released");
     let gone = || {

@@ -14,6 +14,8 @@ use std::time::Duration;
 pub(crate) use self::listing::{glob_matches, name_of_record, record_pattern, Place, ScanState};
 pub(crate) use self::memory::MemoryBackend;
 #[cfg(feature = "simulation")]
+pub(crate) use self::redis::batch_arity;
+#[cfg(feature = "simulation")]
 pub(crate) use self::redis::script_name;
 #[cfg(feature = "simulation")]
 pub(crate) use self::redis::script_sources;

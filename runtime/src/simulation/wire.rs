@@ -522,16 +522,8 @@ fn reported_to_oracle(redis: &SimRedis, args: &[Vec<u8>]) -> Vec<Report> {
                 if matches!(op, b'a' | b'p' | b'q') {
                     last_ttl = arg(at + 1);
                 }
-                at += match op {
-                    b'a' => 3,
-                    b'b' => 1,
-                    b'r' => 2,
-                    b'p' => 4,
-                    b'q' => 6,
-                    b'k' => 3,
-                    b's' => 4,
-                    _ => return reports,
-                };
+                let Some(arity) = crate::backend::batch_arity(op) else { return reports };
+                at += arity;
                 if matches!(op, b'r' | b'k' | b's') {
                     let (after_acquire, after_release) = (acquired.contains(&record), released.contains(&record));
                     released.push(record.clone());

@@ -433,6 +433,23 @@ fn batch_letters(ops: &[Op<'_>], again: bool) -> String {
         .collect()
 }
 
+/// How many arguments follow in ARGV for each operation letter of a [`BATCH`] call, as `batch_fn.lua` steps over
+/// them (`a = t + n`): the one table the client's writer (tested against it) and the simulated server's reader
+/// share. `None`: not a letter.
+#[cfg(any(test, feature = "simulation"))]
+pub(crate) fn batch_arity(letter: u8) -> Option<usize> {
+    Some(match letter {
+        b'a' => 3, // token, ttl, holder
+        b'b' => 1, // token: ttl and holder as the last 'a'
+        b'q' => 6, // token, ttl, holder, register, lease, attempt
+        b'p' => 4, // token, ttl, holder, the group's lock-state mark
+        b'r' => 2, // token, fence
+        b'k' => 3, // token, fence, keep
+        b's' => 4, // token, fence, keep, 1 (sent again)
+        _ => return None,
+    })
+}
+
 /// The operations' arguments in a [`BATCH`] call, each as its letter says ('b': the token alone).
 fn write_batch_args(ops: &[Op<'_>], letters: &str, cmd: &mut Cmd) {
     for (op, letter) in ops.iter().zip(letters.bytes()) {

@@ -382,3 +382,48 @@ fn an_acquire_repeating_the_last_one_s_ttl_and_holder_sends_its_token_alone() {
     assert_eq!(spread[4], expected[0], "the letters, after KEYS[1]");
     assert_eq!(&spread[5 + ops.len()..], &expected[1..]);
 }
+
+/// Every operation letter writes exactly the arguments `batch_arity` says it takes (the table the scripts step
+/// over them by, and the simulated server reads calls by).
+#[test]
+fn each_operation_writes_as_many_arguments_as_its_letter_takes() {
+    use super::{batch_arity, batch_letters, write_batch_args};
+    let mut queueing = acquire("q");
+    if let Op::Acquire { register_ms, lease_ms, attempt, .. } = &mut queueing {
+        (*register_ms, *lease_ms, *attempt) = (300, 300, 7);
+    }
+    let mut plain = acquire("p");
+    if let Op::Acquire { plain: mark, .. } = &mut plain {
+        *mark = Some("mark".into());
+    }
+    let mut keep = release("k");
+    if let Op::Release { keep_ms, fence, .. } = &mut keep {
+        (*keep_ms, *fence) = (50, Some(7));
+    }
+    let calls: [(Vec<Op<'static>>, bool, &str); 6] = [
+        (vec![acquire("a1"), acquire("a2")], false, "ab"),
+        (vec![queueing], false, "q"),
+        (vec![plain], false, "p"),
+        (vec![release("r")], false, "r"),
+        (vec![keep], false, "k"),
+        (vec![release("s")], true, "s"),
+    ];
+    for (ops, again, letters) in calls {
+        assert_eq!(batch_letters(&ops, again), letters);
+        let mut cmd = redis::Cmd::new();
+        write_batch_args(&ops, letters, &mut cmd);
+        let expected: usize = letters.bytes().map(|l| batch_arity(l).expect("a letter")).sum();
+        assert_eq!(cmd.args_iter().count(), expected, "arguments written for {letters}");
+    }
+    assert_eq!(batch_arity(b'x'), None);
+    // And the script steps over as many: each letter's branch of batch_fn.lua sets `a = t + n`.
+    let source = include_str!("lua/batch_fn.lua");
+    for letter in [b'q', b'p', b'r', b'k', b's'] {
+        let branch = format!("op == {letter} then");
+        let at = source.find(&branch).unwrap_or_else(|| panic!("no branch for {}", letter as char));
+        let step = &source[at..];
+        let step = &step[step.find("a = t + ").expect("a step") + "a = t + ".len()..];
+        let n: usize = step[..step.find(|c: char| !c.is_ascii_digit()).unwrap_or(step.len())].parse().expect("n");
+        assert_eq!(Some(n), batch_arity(letter), "batch_fn.lua's step for '{}'", letter as char);
+    }
+}

@@ -37,6 +37,8 @@ mod subscriber;
 mod window;
 
 #[cfg(feature = "simulation")]
+pub(crate) use batch::batch_arity;
+#[cfg(feature = "simulation")]
 pub(crate) use scripts::sources as script_sources;
 
 /// Locks renewed per RENEW_MANY call: one call holds redis-server for about a microsecond per lock.
