@@ -105,8 +105,9 @@ async fn shared_calls_give_every_operation_its_own_answer() {
     assert!(clock_reads < grants, "TIME ran {clock_reads} times for {grants} grants: once per grant, not per call");
 }
 
-/// A lock whose record key holds a list (another program wrote it) fails with a backend error naming it,
-/// also when its acquire shares a call with others — and those others are granted as usual.
+/// A lock whose record key holds a list or a string another program wrote fails with a backend error naming it
+/// (Redis's WRONGTYPE; the scripts' own FOREIGN error, raised as a table, whose text the shared call must pass
+/// on), also when its acquire shares a call with others — and those others are granted as usual.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_failing_operation_does_not_fail_the_others_in_its_call() {
     const GOOD: usize = 120;
@@ -116,6 +117,8 @@ async fn one_failing_operation_does_not_fail_the_others_in_its_call() {
     let mut conn = fx.redis_connection().unwrap();
     let bad_record = fx.client().record_key("not-a-lock");
     let _: () = redis::cmd("RPUSH").arg(&bad_record).arg("x").query_async(&mut conn).await.unwrap();
+    let foreign_record = fx.client().record_key("foreign");
+    let () = redis::cmd("SET").arg(&foreign_record).arg("hello").query_async(&mut conn).await.unwrap();
 
     let mut tasks = JoinSet::new();
     let mut expected_good = 0;
@@ -124,13 +127,17 @@ async fn one_failing_operation_does_not_fail_the_others_in_its_call() {
         // The bad ones go in among the good ones, so they queue behind the first calls and share later ones.
         let bad = i % (GOOD / BAD + 1) == GOOD / BAD;
         expected_good += usize::from(!bad);
-        let key = if bad { "not-a-lock".to_owned() } else { format!("good-{i}") };
+        let key = match (bad, i % 2) {
+            (true, 0) => "not-a-lock".to_owned(),
+            (true, _) => "foreign".to_owned(),
+            (false, _) => format!("good-{i}"),
+        };
         tasks.spawn(async move {
             let result = client.lock(key.as_str()).ttl(secs(5)).retry(RetryStrategy::None).wait(ms(0)).acquire().await;
             (bad, key, result)
         });
     }
-    let (mut granted, mut failed_in_shared_call) = (0, 0);
+    let (mut granted, mut failed_in_shared_call) = (0, std::collections::BTreeSet::new());
     let mut guards = Vec::new();
     while let Some(joined) = within(secs(30), "acquires", tasks.join_next()).await {
         let (bad, key, result) = joined.expect("task panicked");
@@ -141,18 +148,23 @@ async fn one_failing_operation_does_not_fail_the_others_in_its_call() {
             }
             (false, Err(e)) => panic!("{key} failed beside a failing lock: {e}"),
             (true, Err(LockError::Backend(e))) => {
-                assert_eq!(e.key(), Some("not-a-lock"));
+                assert_eq!(e.key(), Some(key.as_str()));
                 let text = e.to_string();
-                assert!(text.contains("WRONGTYPE"), "{text}");
+                let says = if key == "foreign" { "distlock did not write" } else { "WRONGTYPE" };
+                assert!(text.contains(says), "{text}");
                 if text.contains("the lock script failed") {
-                    failed_in_shared_call += 1;
+                    failed_in_shared_call.insert(key);
                 }
             }
             (true, other) => panic!("the lock on a list key gave {other:?}"),
         }
     }
     assert_eq!(granted, expected_good);
-    assert!(failed_in_shared_call > 0, "no failing acquire shared a call: the test did not test that");
+    assert_eq!(
+        failed_in_shared_call.len(),
+        2,
+        "not both kinds of failing acquire shared a call: {failed_in_shared_call:?}"
+    );
     for guard in guards {
         assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
     }

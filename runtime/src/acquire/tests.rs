@@ -93,3 +93,20 @@ async fn a_partly_nested_request_takes_only_the_keys_not_held() {
         .unwrap();
     assert!(client.lock_info("a").await.unwrap().is_none());
 }
+
+/// Keys of one request taken at different times (a later key waited for) are renewed together from then on:
+/// every key's renewal is planned at the earliest key's due time, so one batch renews them all.
+#[tokio::test(start_paused = true)]
+async fn a_multi_key_guard_s_renewals_come_due_together() {
+    let client = Client::builder().memory().build().await.unwrap();
+    let holder = client.lock("b").ttl(Duration::from_secs(60)).acquire().await.unwrap();
+    let request = client.lock_all(["a", "b"]).ttl(Duration::from_secs(3)).wait(Duration::from_secs(5));
+    let waiting = crate::hooks::spawn(request.acquire());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    holder.release().await.unwrap();
+    let guard = waiting.await.unwrap().expect("both keys");
+    let due: Vec<_> = guard.owned_grants().map(|grant| grant.queued().expect("a renewal planned").0).collect();
+    assert_eq!(due.len(), 2);
+    assert_eq!(due[0], due[1], "the keys' renewals come due apart: {due:?}");
+    guard.release().await.unwrap();
+}
