@@ -232,7 +232,7 @@ async fn a_release_reads_only_its_own_grant_s_trace() {
     let mut on_freed = redis::cmd("EVAL");
     on_freed.arg(acquire).arg(1).arg("{freed}").arg(&[token, "5000", "5:owner"]);
     let freed = fence_of(&on_freed.query_async(&mut admin).await.expect("ACQUIRE"));
-    let mut release_freed = |fence: &str, again: &str| {
+    let release_freed = |fence: &str, again: &str| {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(release).arg(1).arg("{freed}").arg(&[token, fence, "0", again]);
         cmd

@@ -285,6 +285,7 @@ impl Sim {
             format!("c{client} {name}: holds {:?} fences {:?}", guard.keys().collect::<Vec<_>>(), fences(guard))
         });
         let grants = guard.grants();
+        world.check_accessors(client, guard, &grants, name);
         // The cap is on the keys this guard took itself, not on those it shares with the body around it.
         let owned: Vec<Weak<Grant>> =
             grants.iter().filter(|grant| !guard.is_nested() && !held(grant)).map(Arc::downgrade).collect();
@@ -587,6 +588,48 @@ impl World {
 /// Whether `grant` is held by the lock body running now (so a guard of it took it nested).
 fn held(grant: &Arc<Grant>) -> bool {
     crate::held::find(&grant.client, &grant.keys.name).is_some_and(|g| Arc::ptr_eq(&g, grant))
+}
+
+impl World {
+    /// What a holder reads off its guard is its grants' truth (which [`World::check_grant`] holds to the
+    /// store's record): each key's fencing token, the first key's for the whole guard (or, on a store without
+    /// fencing, 0 and an error from `try_fencing_token`), and the keys in order.
+    fn check_accessors(&self, client: usize, guard: &LockGuard, grants: &[Arc<Grant>], name: &str) {
+        let keys: Vec<&str> = grants.iter().map(|grant| grant.keys.name.as_str()).collect();
+        let mut wrong = Vec::new();
+        if guard.keys().collect::<Vec<_>>() != keys || guard.key() != keys[0] {
+            wrong.push(format!("keys {:?}, key {}", guard.keys().collect::<Vec<_>>(), guard.key()));
+        }
+        for grant in grants {
+            if guard.fencing_token_of(&grant.keys.name) != Some(grant.fence) {
+                wrong.push(format!(
+                    "fencing_token_of({}) {:?}",
+                    grant.keys.name,
+                    guard.fencing_token_of(&grant.keys.name)
+                ));
+            }
+        }
+        if guard.fencing_token_of("not a key of this guard").is_some() {
+            wrong.push("a fencing token for a key it does not hold".to_owned());
+        }
+        let first = grants[0].fence;
+        if guard.fencing_token() != first {
+            wrong.push(format!("fencing_token {}", guard.fencing_token()));
+        }
+        let fenced = !matches!(self.config.model, super::Model::Redlock(_));
+        match guard.try_fencing_token() {
+            Ok(fence) if fenced && fence == first => {}
+            Err(_) if !fenced => {}
+            other => wrong.push(format!("try_fencing_token {other:?}")),
+        }
+        if !wrong.is_empty() {
+            self.violation(format!(
+                "c{client} {name}: the guard says {}, its grants {keys:?} with fences {:?}",
+                wrong.join(", "),
+                grants.iter().map(|grant| grant.fence).collect::<Vec<_>>()
+            ));
+        }
+    }
 }
 
 /// Whether any of `grants` is one of `watched`.
