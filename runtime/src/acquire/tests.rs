@@ -110,3 +110,22 @@ async fn a_multi_key_guard_s_renewals_come_due_together() {
     assert_eq!(due[0], due[1], "the keys' renewals come due apart: {due:?}");
     guard.release().await.unwrap();
 }
+
+/// A multi-key request whose earlier key is lost while a later one is awaited fails with `Lost`, hands out no
+/// guard (a guard is never born lost) and gives back the later key.
+#[tokio::test(start_paused = true)]
+async fn a_key_lost_while_a_later_one_is_awaited_fails_the_request() {
+    let client = Client::builder().memory().build().await.unwrap();
+    let holder = client.lock("b").ttl(Duration::from_secs(60)).acquire().await.unwrap();
+    let request = client.lock_all(["a", "b"]).ttl(Duration::from_millis(300)).wait(Duration::from_secs(5));
+    let waiting = crate::hooks::spawn(request.acquire());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(client.lock_info("a").await.unwrap().is_some(), "the request should hold `a` while it waits for `b`");
+    assert!(client.force_unlock("a").await.unwrap());
+    // `a`'s next renewal, a third of its lease in, finds it gone.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder.release().await.unwrap();
+    let outcome = waiting.await.unwrap();
+    assert!(matches!(outcome, Err(LockError::Lost { ref key, .. }) if key == "a"), "{outcome:?}");
+    assert!(client.lock_info("b").await.unwrap().is_none(), "`b` is still held after the request failed");
+}
