@@ -474,6 +474,15 @@ pub(super) fn is_out_of_step(e: &RedisError) -> bool {
     e.kind() == redis::ErrorKind::Io && e.to_string().contains(OUT_OF_STEP)
 }
 
+/// Whether a whole-call error cannot be the answer to a call of ours, so it answers another command sent on
+/// the connection: CROSSSLOT, as every call of ours declares keys of one slot (a spread call declares one key;
+/// a multi-key call goes to a cluster only when its records share a slot). Seen in a live slot migration: the
+/// redis crate re-subscribes a node to its shard channels in one SSUBSCRIBE per node, whose channels' slots
+/// differ, and the server's CROSSSLOT for it came back as a release's reply.
+fn answers_another_command(e: &redis::ServerError) -> bool {
+    e.code() == "CROSSSLOT"
+}
+
 fn is_call(value: &Value, call: &str) -> bool {
     matches!(value, Value::BulkString(bytes) if bytes == call.as_bytes())
 }
@@ -484,6 +493,10 @@ impl ConnectionLike for Link {
         let Some((numbered, call)) = numbered else { return self.send(cmd) };
         Box::pin(async move {
             match self.send(&numbered).await? {
+                Value::ServerError(e) if answers_another_command(&e) => {
+                    self.out_of_step();
+                    Err(out_of_step_error())
+                }
                 // The call failed as a whole (NOSCRIPT, say, or the script raised): its error, not a reply.
                 error @ Value::ServerError(_) => Ok(error),
                 reply => match answer_to(&call, reply) {
@@ -527,6 +540,7 @@ impl ConnectionLike for Link {
                 .into_iter()
                 .zip(calls.iter().skip(offset))
                 .map(|(reply, call)| match (call, reply) {
+                    (Some(_), Value::ServerError(e)) if answers_another_command(&e) => Err(out_of_step_error()),
                     // A call that failed as a whole (NOSCRIPT, say) is its own error; `ignore_errors` hands it on.
                     (_, error @ Value::ServerError(_)) => Ok(error),
                     (Some(call), reply) => answer_to(call, reply).ok_or_else(out_of_step_error),
@@ -621,5 +635,22 @@ mod tests {
             data: vec![Value::BulkString(b"distlock:{a}:released".to_vec()), Value::Int(1)],
         };
         assert_eq!(answer_to("7", subscribed), None, "a subscription's confirmation (seen during a slot migration)");
+    }
+
+    #[test]
+    fn a_cross_slot_error_answers_another_command() {
+        let error = |text: &str| match redis::parse_redis_value(format!("-{text}\r\n").as_bytes()) {
+            Ok(Value::ServerError(e)) => e,
+            other => panic!("not a server error: {other:?}"),
+        };
+        assert!(answers_another_command(&error("CROSSSLOT Keys in request don't hash to the same slot")));
+        for own in [
+            "NOSCRIPT No matching script. Please use EVAL.",
+            "MOVED 3999 127.0.0.1:6381",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "ERR Error running script (call to f_0123): @user_script:1: oops",
+        ] {
+            assert!(!answers_another_command(&error(own)), "{own}");
+        }
     }
 }

@@ -532,7 +532,8 @@ async fn send_script<T: FromRedisValue>(
 const CLUSTER_SETTLE_RETRIES: usize = 5;
 const CLUSTER_SETTLE_PAUSE: Duration = Duration::from_millis(100);
 
-/// MOVED, ASK, TRYAGAIN or CLUSTERDOWN: the cluster is moving a slot or electing a primary. Or a reply that
+/// MOVED, ASK, TRYAGAIN or CLUSTERDOWN: the cluster is moving a slot or electing a primary; or no connection
+/// to the slot's node for the moment. Or a reply that
 /// answered another call, seen during slot migrations (link.rs). Or a script that
 /// found one of its lock's keys already moved to the slot's new node while the record was still here ("non
 /// local key": the scripts reach the lock's other keys by name, in the record's slot); it stopped at that
@@ -541,6 +542,9 @@ fn is_cluster_in_flux(e: &redis::RedisError) -> bool {
     use redis::ServerErrorKind::{Ask, ClusterDown, Moved, ResponseError, TryAgain};
     match e.kind() {
         redis::ErrorKind::Server(Moved | Ask | TryAgain | ClusterDown) => true,
+        // No connection to the slot's node at this moment (the redis crate is reconnecting it, or the link is
+        // being rebuilt after a reply out of step): the call was not sent.
+        redis::ErrorKind::ClusterConnectionNotFound => true,
         redis::ErrorKind::Server(ResponseError) => e.to_string().contains("non local key"),
         // Its reply went to another call (link.rs): the call may or may not have run, and every script is
         // safe to send again with the same token (a grant it made is claimed again, a release finds the lock
@@ -597,5 +601,24 @@ mod tests {
         let info = super::connect::connection_info("redis://127.0.0.1:6390/", "redis://127.0.0.1:6390/").unwrap();
         assert!(info.tcp_settings().nodelay());
         assert!(super::connect::connection_info("not a url", "not a url").is_err());
+    }
+
+    /// What a call is sent again for while a cluster's slots move, and what it is not.
+    #[test]
+    fn a_call_is_sent_again_only_while_the_cluster_is_in_flux() {
+        use redis::{ErrorKind, RedisError, ServerErrorKind};
+        let in_flux = |kind: ErrorKind| super::is_cluster_in_flux(&RedisError::from((kind, "")));
+        assert!(in_flux(ErrorKind::Server(ServerErrorKind::Moved)));
+        assert!(in_flux(ErrorKind::Server(ServerErrorKind::TryAgain)));
+        assert!(in_flux(ErrorKind::ClusterConnectionNotFound), "the node's connection is being made anew");
+        let non_local = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "the lock script failed",
+            "Script attempted to access a non local key in a cluster node".to_string(),
+        ));
+        assert!(super::is_cluster_in_flux(&non_local));
+        assert!(!in_flux(ErrorKind::Server(ServerErrorKind::NoScript)));
+        assert!(!in_flux(ErrorKind::Server(ServerErrorKind::ResponseError)), "a script's own error");
+        assert!(!in_flux(ErrorKind::AuthenticationFailed));
     }
 }
