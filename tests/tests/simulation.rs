@@ -179,7 +179,9 @@ fn memory_seed_10_a_body_resumed_after_a_stall_is_dropped_before_its_next_step()
 /// The Lua mutation report (not run by default; `cargo test --release -p distlock-tests --test simulation --
 /// --ignored lua_mutants --nocapture`, `SIM_MUTANT_SCHEDULES=n` schedules each, default 300): every mutant of
 /// the production scripts (one comparison of one line flipped, run by the simulated servers only) on the
-/// `redis` model, and whether the simulation caught it. Prints a table (not yet run to completion here).
+/// `redis` model, then, if it survives there, on `redlock` (the only model whose servers run ACQUIRE_PLAIN)
+/// and `redis+replicas` (the only one with give-backs of unacknowledged grants); and which model caught it.
+/// Prints a table.
 #[test]
 #[ignore = "a report, minutes long: run on purpose"]
 fn lua_mutants() {
@@ -189,11 +191,14 @@ fn lua_mutants() {
     say("| # | line | flip | caught by |");
     say("|---|---|---|---|");
     for (i, mutant) in mutants.iter().enumerate() {
-        let found = distlock_tests::simulation::first_failing(Model::Redis, 0..schedules, Some(mutant.clone()));
+        let found = [Model::Redis, Model::Redlock(3), Model::RedisReplicas].into_iter().find_map(|model| {
+            let found = distlock_tests::simulation::first_failing(model, 0..schedules, Some(mutant.clone()));
+            found.map(|(seed, first)| (model, seed, first))
+        });
         let by = match &found {
-            Some((seed, first)) => {
+            Some((model, seed, first)) => {
                 caught += 1;
-                format!("seed {seed}: {}", first.chars().take(90).collect::<String>())
+                format!("{} seed {seed}: {}", model.name(), first.chars().take(90).collect::<String>())
             }
             None => {
                 missed.push(i);

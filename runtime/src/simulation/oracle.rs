@@ -27,6 +27,9 @@ impl World {
         };
         let mut valid: Vec<(&str, &str)> = Vec::new();
         for (grant, client, name) in &grants {
+            // Finality at every check, not only when the workload looks: a late reply that revives a lapsed
+            // grant is seen even if no holder looked in between.
+            self.check_lost_is_final(grant, grant.is_lost(), *client, name);
             if grant.is_lost() || self.beyond_assumptions(grant) {
                 continue;
             }
