@@ -9,6 +9,7 @@
 //! cargo run --release -p distlock-bench -- --only 2 --variants raw,api   # one scenario, some contenders
 //! cargo run --release -p distlock-bench -- --rtt 0,0.25,0.5,1 --only 1,2,2u,3   # a network hop away
 //! cargo run --release -p distlock-bench -- --rtt 0.25,0.5,1 --proxy-check       # what the hop costs
+//! cargo run --release -p distlock-bench -- --only 6   # waiters on one key: N = 10, 1,000, 10,000 (issue 33)
 //! ```
 //!
 //! It starts a private `redis-server` (`$REDIS_SERVER_BIN`, else `redis-server` on `PATH`) on a free loopback
@@ -54,6 +55,7 @@ mod report;
 mod scaleout;
 mod systems;
 mod uncontended;
+mod waiters;
 mod wakeup;
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -82,6 +84,9 @@ pub struct Config {
     pub held_sizes: Vec<usize>,
     pub held_ttl: Duration,
     pub wake_trials: usize,
+    /// Scenario 6: how many waiters on one key, and how long each row is measured.
+    pub waiter_counts: Vec<usize>,
+    pub waiters_window: Duration,
     pub rslock_wake_trials: usize,
     pub variants: Vec<Variant>,
     pub scenarios: Vec<u8>,
@@ -111,9 +116,11 @@ impl Config {
                 held_sizes: vec![1_000, 10_000],
                 held_ttl: Duration::from_secs(3),
                 wake_trials: 5,
+                waiter_counts: vec![10, 1_000],
+                waiters_window: Duration::from_secs(1),
                 rslock_wake_trials: 5,
                 variants: all,
-                scenarios: vec![1, 2, 3, 4, 5],
+                scenarios: vec![1, 2, 3, 4, 5, 6],
                 unpinned_many: true,
                 pin: true,
                 rtts: vec![0.0],
@@ -131,9 +138,11 @@ impl Config {
                 held_sizes: vec![1_000, 10_000, 100_000],
                 held_ttl: Duration::from_secs(30),
                 wake_trials: 20,
+                waiter_counts: vec![10, 1_000, 10_000],
+                waiters_window: Duration::from_secs(5),
                 rslock_wake_trials: 10,
                 variants: all,
-                scenarios: vec![1, 2, 3, 4, 5],
+                scenarios: vec![1, 2, 3, 4, 5, 6],
                 unpinned_many: true,
                 pin: true,
                 rtts: vec![0.0],
@@ -154,7 +163,7 @@ impl Config {
 }
 
 const USAGE: &str =
-    "usage: distlock-bench [--quick] [--rounds N] [--only 1,2,2u,3,4,5] [--variants raw,api,run,macro,rslock]
+    "usage: distlock-bench [--quick] [--rounds N] [--only 1,2,2u,3,4,5,6] [--variants raw,api,run,macro,rslock]
                       [--no-pin] [--rtt MS[,MS...]] [--proxy-check] [--scale-out]
   --quick        short smoke run (under 30 s): 2 rounds, short windows, 1k/10k held locks with ttl 3 s
   --rounds N     rounds for scenarios 1-3 (default 5; 2 with --quick)
@@ -191,9 +200,9 @@ fn parse_args() -> Result<Config, String> {
                 config.scenarios = list
                     .split(',')
                     .filter(|s| s.trim() != "2u")
-                    .map(|s| s.trim().parse::<u8>().ok().filter(|n| (1..=5).contains(n)))
+                    .map(|s| s.trim().parse::<u8>().ok().filter(|n| (1..=6).contains(n)))
                     .collect::<Option<_>>()
-                    .ok_or("--only takes scenario numbers 1-5 and 2u")?;
+                    .ok_or("--only takes scenario numbers 1-6 and 2u")?;
             }
             "--rtt" => {
                 config.rtts = value("--rtt")?
@@ -433,6 +442,8 @@ pub struct Results {
     pub wake: Vec<wakeup::WakeResult>,
     /// Scenario 2u.
     pub many_tasks_unpinned: Option<uncontended::Scenario>,
+    /// Scenario 6, one row per waiter count.
+    pub waiters: Vec<waiters::Row>,
 }
 
 /// The three contenders, connected to `url`.
@@ -597,6 +608,17 @@ async fn run(config: &Config, url: String, server_pid: u32, server_cpus: Option<
         }
         for w in &results.wake {
             eprintln!("  {}: p50 {:.1} µs, max {:.1} µs, bad trials {}", w.label, w.p50_us(), w.max_us(), w.bad_trials);
+        }
+    }
+    if wanted(6) {
+        for &n in &config.waiter_counts {
+            eprintln!("scenario 6: {n} waiters on one key, hold ~2 ms");
+            let row = waiters::run(&sys, &mut info, n, config.waiters_window).await;
+            eprintln!(
+                "  {:.0} acquisitions/s, {:.1} commands and {:.0} µs of Redis CPU per acquisition, release p50 {:.0} µs, errors {}",
+                row.acquisitions_per_s, row.commands_per_acquisition, row.redis_cpu_us_per_acquisition, row.release_p50_us, row.errors
+            );
+            results.waiters.push(row);
         }
     }
     results

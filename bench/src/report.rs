@@ -521,6 +521,10 @@ fn pass(out: &mut String, pass: &Pass, headed: bool) {
         out.push('\n');
     }
 
+    if !results.waiters.is_empty() {
+        waiters_table(out, &results.waiters);
+    }
+
     if !targets.is_empty() {
         let _ = writeln!(out, "### Targets (issue 5)\n");
         let _ = writeln!(out, "| scenario | target | result | met |");
@@ -703,6 +707,57 @@ fn summary(out: &mut String, passes: &[Pass]) {
             num(r.fairness, 2),
             if missed.is_empty() { "none".to_owned() } else { missed.join("; ") },
             if missed_10.is_empty() { "none".to_owned() } else { missed_10.join("; ") },
+        );
+    }
+    out.push('\n');
+}
+
+/// Scenario 6, and issue 33's waiter targets against its first row (N = 10).
+fn waiters_table(out: &mut String, rows: &[crate::waiters::Row]) {
+    let _ = writeln!(out, "### 6. Waiters on one key: N tasks loop acquire → ~2 ms hold → release (one client)\n");
+    let _ = writeln!(
+        out,
+        "What waiting costs Redis: commands (scripts' inner calls included) and Redis CPU (`used_cpu_sys + \
+         used_cpu_user`) per acquisition, measured after every waiter queued.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| waiters | window | acquisitions/s | Redis commands/acquisition | Redis CPU µs/acquisition | release call p50 µs | overlaps | errors |"
+    );
+    let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.waiters,
+            secs(r.window),
+            num(r.acquisitions_per_s, 0),
+            num(r.commands_per_acquisition, 1),
+            num(r.redis_cpu_us_per_acquisition, 0),
+            num(r.release_p50_us, 0),
+            r.overlaps,
+            r.errors
+        );
+    }
+    if let Some(e) = rows.iter().find_map(|r| r.first_error.as_deref()) {
+        let _ = writeln!(out, "\nFirst error: {e}");
+    }
+    let Some(base) = rows.iter().find(|r| r.waiters == 10) else { return out.push('\n') };
+    let _ = writeln!(out, "\n| target (issue 33), against N = 10 | result | met |");
+    let _ = writeln!(out, "|---|---|---|");
+    for r in rows.iter().filter(|r| r.waiters >= 1_000) {
+        let commands = ratio(r.commands_per_acquisition, base.commands_per_acquisition);
+        let cpu = ratio(r.redis_cpu_us_per_acquisition, base.redis_cpu_us_per_acquisition);
+        let throughput = ratio(r.acquisitions_per_s, base.acquisitions_per_s);
+        let met = commands <= 1.5 && cpu <= 1.5 && throughput >= 0.9 && r.overlaps == 0 && r.errors == 0;
+        let _ = writeln!(
+            out,
+            "| N = {}: commands and Redis CPU per acquisition ≤ 1.5×, throughput ≥ 0.9× | commands {}×, CPU {}×, throughput {}× | {} |",
+            r.waiters,
+            num(commands, 2),
+            num(cpu, 2),
+            num(throughput, 2),
+            if met { "yes" } else { "no" }
         );
     }
     out.push('\n');
