@@ -664,7 +664,7 @@ impl Sim {
         if lost {
             self.0.check_needless_loss(guard.grant(), client, name);
         } else {
-            self.0.check_grant(guard.grant(), client, name);
+            self.0.check_grant(guard.grant(), client, &name);
         }
         self.0.check("observation");
         !lost

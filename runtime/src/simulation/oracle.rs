@@ -33,7 +33,7 @@ impl World {
             if grant.is_lost() || self.beyond_assumptions(grant) {
                 continue;
             }
-            if !self.check_grant(grant, *client, &format!("{name} ({when})")) {
+            if !self.check_grant(grant, *client, &format_args!("{name} ({when})")) {
                 continue;
             }
             if let Some((other, _)) = valid.iter().find(|(record, _)| *record == grant.keys.record) {
@@ -44,7 +44,7 @@ impl World {
     }
 
     /// One guard that says valid: the store must hold its grant until at least its deadline.
-    pub(super) fn check_grant(&self, grant: &Grant, client: usize, name: &str) -> bool {
+    pub(super) fn check_grant(&self, grant: &Grant, client: usize, name: &dyn std::fmt::Display) -> bool {
         // force_unlock breaks exclusion by design (README): a guard whose record it deleted says valid until its
         // next renewal finds out, so S1 and S6 are not checked for it from then on (see `outcomes.rs`).
         if self.excused(grant.token.as_str()) {

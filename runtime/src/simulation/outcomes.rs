@@ -328,7 +328,7 @@ impl Sim {
         for grant in guard.grants() {
             world.check_lost_is_final(&grant, grant.is_lost(), client, name);
             if !grant.is_lost() {
-                world.check_grant(&grant, client, name);
+                world.check_grant(&grant, client, &name);
             } else if !shutting_down && grant.max_hold_until.is_none_or(|cap| cap > now) {
                 // Lost by design past max_hold (renewals stopped) and at the end of a shutdown's grace.
                 world.check_needless_loss(&grant, client, name);

@@ -659,12 +659,13 @@ impl Connection {
         self.note_tokens(&args);
         let plan = world.plan(client);
         let id = plan.id;
-        let what = describe(&args);
-        let to = match self.state.target {
-            Target::Node(node) => format!(" s{node}"),
-            Target::Primary => String::new(),
-        };
-        world.trace(|| format!("c{client} #{id}{to} → {what} (legs {:?}/{:?})", plan.request, plan.reply));
+        world.trace(|| {
+            let to = match self.state.target {
+                Target::Node(node) => format!(" s{node}"),
+                Target::Primary => String::new(),
+            };
+            format!("c{client} #{id}{to} → {} (legs {:?}/{:?})", describe(&args), plan.request, plan.reply)
+        });
         // The records a script call is about (every key: ACQUIRE_ALL and BATCH take several), for the oracle's
         // fencing check (found by the simulation's whole workload, redis seed 795: a lock_all grant of three
         // keys went unseen on the second and third, and a token after a clock step back was not excused).
