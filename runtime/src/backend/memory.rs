@@ -33,8 +33,8 @@ struct MemoryState {
     after_sweep: usize,
 }
 
-/// A lock's last fencing token, kept as Redis keeps `<record>:fence`: for the grant's lease plus
-/// [`FENCE_RETENTION`].
+/// A lock's last fencing token, kept after its holder is gone (as Redis keeps it in the freed record and
+/// `R:last`, see `record.lua`): for the grant's lease plus [`FENCE_RETENTION`].
 #[derive(Debug)]
 struct Fence {
     last: u64,

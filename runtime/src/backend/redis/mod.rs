@@ -70,7 +70,7 @@ pub(crate) struct Timeouts {
 }
 
 /// Where acquires and releases go: on one server, through the coalescer (concurrent ones share a script call);
-/// on a cluster, each in its own call (a call's keys must share one slot, and concurrent operations rarely do).
+/// on a cluster, through a coalescer per node, whose shared calls are BATCH_SPREAD (`cluster_nodes.rs`).
 enum Hot {
     Coalesced(Arc<Coalescer<Link>>),
     /// A cluster's: a coalescer per node.

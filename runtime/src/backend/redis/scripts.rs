@@ -6,8 +6,8 @@
 //! # Keys
 //!
 //! KEYS[1] is always the lock's record, `R` = `<prefix>{<escaped key>}`. The scripts also reach keys named
-//! after it that they do not receive in KEYS: `R:fence` the last fencing token (kept for a retention, see
-//! `fence.lua`), `R:queue` the wait queue (a sorted set of waiter tokens in arrival order),
+//! after it that they do not receive in KEYS: `R:last` the last fencing token where a record ends sooner than
+//! its last grant's lease (a hand-over, `min_hold`; see `record.lua`), `R:queue` the wait queue (a sorted set of waiter tokens in arrival order),
 //! `R:waiter:<token>` each waiter's details (`<hand-over lease ms>:<holder>`, which Redis expires when the
 //! waiter stops refreshing its place), and they publish on the channel `R:released`. A hand-over reaches the
 //! heir's `R:waiter:<heir>`, which the caller cannot name in advance, so not every key could be declared
@@ -18,7 +18,8 @@
 //! scripts announce with SPUBLISH (sharded pub/sub, [`LuaScript::sharded`]), which the channel's slot, the
 //! record's, keeps on the lock's own shard.
 //!
-//! Declaring `R:fence` and `R:queue` too would not cost Redis much: with them passed as KEYS[2] and KEYS[3]
+//! Declaring the derived keys too would not cost Redis much: with two of them (then `R:fence`, since replaced
+//! by the freed record and `R:last`, and `R:queue`) passed as KEYS[2] and KEYS[3]
 //! (and used instead of concatenating), ACQUIRE measured 5.4–6.0 µs per call against 5.6–5.9 with one key,
 //! RELEASE 2.08–2.18 against 1.90–2.06 (redis-server 7.0, 64 locks cycling acquire then release, EVALSHA
 //! pipelined, `INFO commandstats` usec_per_call, five interleaved runs on a shared 2-core machine). They stay
@@ -367,6 +368,20 @@ mod tests {
         let named: Vec<*const LuaScript> = all().iter().map(|(_, s)| *s as *const LuaScript).collect();
         let listed: Vec<*const LuaScript> = all_scripts().iter().map(|s| *s as *const LuaScript).collect();
         assert_eq!(named, listed);
+    }
+
+    /// No script as sent (plain, numbered or sharded) opens with a `#!` flags line: a script with flags may not
+    /// reach keys outside its declared ones' slot, which would end the spread scripts' cross-slot reads on a
+    /// cluster node (BATCH_SPREAD, RENEW_SPREAD) and make Redis refuse them.
+    #[test]
+    fn no_script_declares_flags() {
+        for (name, script) in all() {
+            for (variant, source) in
+                [("plain", script.source), ("numbered", script.numbered.source), ("sharded", script.sharded.source)]
+            {
+                assert!(!source.trim_start().starts_with("#!"), "{name} ({variant}) opens with a flags line");
+            }
+        }
     }
 
     /// Every value `record.lua` names, as the Rust side derives it.
