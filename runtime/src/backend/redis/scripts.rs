@@ -384,6 +384,29 @@ mod tests {
         }
     }
 
+    /// Each script's header (its opening comment lines) names every key it reaches besides KEYS, as
+    /// `R:<suffix>`, so that each script reads alone: what the composed source (its includes inlined) derives
+    /// from the record must be named there.
+    #[test]
+    fn every_script_s_header_names_the_keys_it_touches() {
+        let mut unnamed = Vec::new();
+        for (name, script) in all() {
+            let header: String = script
+                .source
+                .lines()
+                .take_while(|l| l.starts_with("--"))
+                .filter(|l| !l.starts_with("-- #include"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            for suffix in [":queue", ":waiter:", ":last", ":released"] {
+                if script.source.contains(&format!("'{suffix}'")) && !header.contains(&format!("R{suffix}")) {
+                    unnamed.push(format!("{name}: R{suffix}"));
+                }
+            }
+        }
+        assert!(unnamed.is_empty(), "keys a script touches that its header does not name: {unnamed:?}");
+    }
+
     /// Every value `record.lua` names, as the Rust side derives it.
     fn rust_values() -> Vec<(&'static str, String)> {
         use record::*;

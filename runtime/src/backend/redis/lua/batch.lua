@@ -1,6 +1,8 @@
 -- BATCH: several acquires and releases, of any locks, in one call. Redis spends most of a small script's
 -- time on the call itself, so under load one call for many operations is what keeps up with plain SET/DEL.
--- KEYS: each operation's record, in order (each touches its derived keys as ACQUIRE and RELEASE do).
+-- KEYS: each operation's record R, in order. Each operation also touches what ACQUIRE and RELEASE do, derived
+--   from its R (same hash slot): R:queue, R:waiter:<token> (its own and a hand-over heir's), R:last, and it
+--   publishes on R:released.
 -- ARGV[1]: one letter per operation; then each operation's arguments, in order:
 --   a  acquire: token, ttl ms, holder
 --   b  acquire with the ttl and holder of the last 'a' before it in this call: token

@@ -3,7 +3,9 @@
 -- KEYS[1]: one of the records; it routes the call to the node serving its slot. The records themselves come in
 --   ARGV: a script without flags may reach keys of any slot its node serves (each lock's keys share its
 --   record's slot, see acquire.lua). An operation whose record the node does not serve (its slot moved) fails
---   alone, before writing anything, and the client sends it again in a call of its own.
+--   alone, before writing anything, and the client sends it again in a call of its own. Each operation also
+--   touches what BATCH's do, derived from its record R: R:queue, R:waiter:<token> (its own and a hand-over
+--   heir's), R:last, and it publishes on R:released.
 -- ARGV[1]: one letter per operation, as BATCH's; then each operation's record, in order; then the operations'
 --   arguments as BATCH takes them.
 -- Reply: as BATCH's.
