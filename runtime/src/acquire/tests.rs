@@ -129,3 +129,24 @@ async fn a_key_lost_while_a_later_one_is_awaited_fails_the_request() {
     assert!(matches!(outcome, Err(LockError::Lost { ref key, .. }) if key == "a"), "{outcome:?}");
     assert!(client.lock_info("b").await.unwrap().is_none(), "`b` is still held after the request failed");
 }
+
+/// A `wait` too long to add to the clock (`Duration::MAX`) means as long as it takes: the waiter is still
+/// waiting three days later, and gets the lock once its holder lets go.
+#[tokio::test(start_paused = true)]
+async fn a_wait_past_the_clock_s_range_waits_until_the_lock_is_free() {
+    let client = Client::builder().memory().build().await.expect("memory");
+    let holder = client.lock("k").ttl(Duration::from_secs(7_200)).acquire().await.expect("free");
+    let waiter = crate::hooks::spawn({
+        let client = client.clone();
+        // A long retry step: the test's clock runs three days, and each retry refreshes the waiter's place.
+        let step = Duration::from_secs(3_600);
+        async move {
+            client.lock("k").ttl(step * 24).wait(Duration::MAX).retry(RetryStrategy::Linear { step }).acquire().await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(3 * 86_400)).await;
+    assert!(!waiter.is_finished(), "gave up: {:?}", waiter.await);
+    holder.release().await.expect("release");
+    let guard = waiter.await.expect("the waiter ran").expect("the waiter gets the lock");
+    assert!(!guard.is_lost());
+}
