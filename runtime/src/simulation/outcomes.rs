@@ -423,6 +423,14 @@ impl Sim {
             }
             for grant in guard.grants().into_iter().filter(|grant| keys.contains(&grant.keys.name)) {
                 let token = grant.token.as_str();
+                // Fail closed: a body never starts on a grant that reads lost, even one the store still holds (a
+                // nested request on a lost outer grant must fail, not share it).
+                if starting && innermost && grant.is_lost() && !world.excused(token) {
+                    world.violation(format!(
+                        "c{client} {name}: a lock body (level {level}) starts on a grant of {} that reads lost (fence {})",
+                        grant.keys.name, grant.fence
+                    ));
+                }
                 // A restart or a clock jump past the README's assumptions voids the grant on the server.
                 let held = match world.config.model {
                     // Redlock: held as check_grant counts it (a quorum, restarted servers vouching by their marks).
