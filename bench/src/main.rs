@@ -613,7 +613,7 @@ async fn run(config: &Config, url: String, server_pid: u32, server_cpus: Option<
     if wanted(6) {
         for &n in &config.waiter_counts {
             eprintln!("scenario 6: {n} waiters on one key, hold ~2 ms");
-            let row = waiters::run(&sys, &mut info, n, config.waiters_window).await;
+            let row = waiters::run(&sys, &mut info, server_pid, n, config.waiters_window).await;
             eprintln!(
                 "  {:.0} acquisitions/s, {:.1} commands and {:.0} µs of Redis CPU per acquisition, release p50 {:.0} µs, errors {}",
                 row.acquisitions_per_s, row.commands_per_acquisition, row.redis_cpu_us_per_acquisition, row.release_p50_us, row.errors

@@ -717,8 +717,8 @@ fn waiters_table(out: &mut String, rows: &[crate::waiters::Row]) {
     let _ = writeln!(out, "### 6. Waiters on one key: N tasks loop acquire → ~2 ms hold → release (one client)\n");
     let _ = writeln!(
         out,
-        "What waiting costs Redis: commands (scripts' inner calls included) and Redis CPU (`used_cpu_sys + \
-         used_cpu_user`) per acquisition, measured after every waiter queued.\n"
+        "What waiting costs Redis: commands (scripts' inner calls included) and Redis CPU (its process's user + \
+         system time) per acquisition, measured after every waiter queued.\n"
     );
     let _ = writeln!(
         out,

@@ -1,7 +1,7 @@
 //! Scenario 6: many waiters on one hot key (issue 33). N tasks on one distlock client loop acquire → ~2 ms
 //! hold → release on one key with the default retry, so at any moment one holds it and the others are queued.
 //! Measures what the waiting costs Redis, per acquisition: the commands it runs (scripts' inner calls
-//! included, as `total_commands_processed` counts them) and its CPU time (`used_cpu_sys + used_cpu_user`),
+//! included, as `total_commands_processed` counts them) and its CPU time (user + system, from `/proc`),
 //! beside the throughput and the holder's release call.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 
-use crate::measure::{ns32, percentile_us};
+use crate::measure::{ns32, percentile_us, process_cpu, ServerCounters};
 use crate::systems::Systems;
 
 const HOLD: Duration = Duration::from_millis(2);
@@ -52,20 +52,14 @@ impl Shared {
     }
 }
 
-/// Redis's own counters: commands processed and CPU seconds (system + user).
-async fn counters(info: &mut MultiplexedConnection) -> redis::RedisResult<(u64, f64)> {
-    let stats: String = redis::cmd("INFO").arg("stats").query_async(info).await?;
-    let cpu: String = redis::cmd("INFO").arg("cpu").query_async(info).await?;
-    let field = |text: &str, name: &str| -> Option<f64> {
-        text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
-    };
-    let commands = field(&stats, "total_commands_processed").unwrap_or(0.0) as u64;
-    let seconds = field(&cpu, "used_cpu_sys").unwrap_or(0.0) + field(&cpu, "used_cpu_user").unwrap_or(0.0);
-    Ok((commands, seconds))
-}
-
 /// N waiters on one key for `window`, after they have all queued.
-pub async fn run(sys: &Arc<Systems>, info: &mut MultiplexedConnection, waiters: usize, window: Duration) -> Row {
+pub async fn run(
+    sys: &Arc<Systems>,
+    info: &mut MultiplexedConnection,
+    server_pid: u32,
+    waiters: usize,
+    window: Duration,
+) -> Row {
     let key = Arc::new(format!("waiters:{waiters}:{}", std::process::id()));
     let shared = Arc::new(Shared::default());
     let mut tasks = tokio::task::JoinSet::new();
@@ -99,13 +93,13 @@ pub async fn run(sys: &Arc<Systems>, info: &mut MultiplexedConnection, waiters: 
     }
     // Every waiter queued (one attempt each, a few thousand a second), and the queue turning over.
     tokio::time::sleep(Duration::from_secs(2) + Duration::from_micros(200 * waiters as u64)).await;
-    let before = counters(info).await.expect("INFO");
+    let before = (ServerCounters::read(info).await.expect("INFO"), process_cpu(server_pid));
     shared.measuring.store(true, SeqCst);
     let started = Instant::now();
     tokio::time::sleep(window).await;
     shared.measuring.store(false, SeqCst);
     let elapsed = started.elapsed();
-    let after = counters(info).await.expect("INFO");
+    let after = (ServerCounters::read(info).await.expect("INFO"), process_cpu(server_pid));
     shared.stop.store(true, SeqCst);
     // The waiters still queued are cancelled: each gives its place back.
     tasks.shutdown().await;
@@ -113,7 +107,7 @@ pub async fn run(sys: &Arc<Systems>, info: &mut MultiplexedConnection, waiters: 
     let acquisitions = shared.acquisitions.load(SeqCst);
     let per = |x: f64| x / acquisitions.max(1) as f64;
     // The two INFO commands of `before` are inside the window's count.
-    let commands = after.0.saturating_sub(before.0).saturating_sub(2);
+    let commands = after.0.total.saturating_sub(before.0.total).saturating_sub(2);
     let mut release_calls = std::mem::take(&mut *shared.release_calls.lock().unwrap_or_else(PoisonError::into_inner));
     release_calls.sort_unstable();
     let first_error = shared.first_error.lock().unwrap_or_else(PoisonError::into_inner).take();
@@ -122,7 +116,7 @@ pub async fn run(sys: &Arc<Systems>, info: &mut MultiplexedConnection, waiters: 
         window: elapsed,
         acquisitions_per_s: acquisitions as f64 / elapsed.as_secs_f64(),
         commands_per_acquisition: per(commands as f64),
-        redis_cpu_us_per_acquisition: per((after.1 - before.1).max(0.0) * 1e6),
+        redis_cpu_us_per_acquisition: per(after.1.saturating_sub(before.1).as_secs_f64() * 1e6),
         release_p50_us: percentile_us(&release_calls, 50.0),
         overlaps: shared.overlaps.load(SeqCst),
         errors: shared.errors.load(SeqCst),
