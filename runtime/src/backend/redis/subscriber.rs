@@ -1,7 +1,7 @@
 //! The shared subscriber: one RESP3 connection per client, opened on the first wait, carrying the
 //! subscriptions of all waiters. A channel is subscribed while at least one waiter watches it.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use redis::aio::ConnectionManager;
@@ -25,7 +25,7 @@ pub(super) struct Subscriber {
     /// Where to open the connection on first use; `None` on a cluster, whose connection is given.
     info: Option<redis::ConnectionInfo>,
     timeouts: Timeouts,
-    channels: Arc<Mutex<HashMap<Vec<u8>, Channel>>>,
+    channels: Arc<Mutex<BTreeMap<Vec<u8>, Channel>>>,
     connection: Arc<tokio::sync::OnceCell<Link>>,
     /// Serializes SUBSCRIBE/UNSUBSCRIBE so each is decided on the waiter count at the time it is sent.
     commands: Arc<tokio::sync::Mutex<()>>,
@@ -36,11 +36,13 @@ pub(super) struct Subscriber {
 
 struct Channel {
     /// Each watching waiter's announcements, by its token: a hand-over wakes its heir only, not every waiter.
-    waiters: HashMap<String, watch::Sender<Announcement>>,
+    /// Ordered, so that a wake-up of all wakes them in the same order in every run: tokio runs woken tasks in
+    /// that order, and a `HashMap`'s differs per process (a simulated schedule did not replay exactly).
+    waiters: BTreeMap<String, watch::Sender<Announcement>>,
     subscribed: bool,
 }
 
-fn lock_channels(channels: &Mutex<HashMap<Vec<u8>, Channel>>) -> MutexGuard<'_, HashMap<Vec<u8>, Channel>> {
+fn lock_channels(channels: &Mutex<BTreeMap<Vec<u8>, Channel>>) -> MutexGuard<'_, BTreeMap<Vec<u8>, Channel>> {
     // Every critical section leaves the map consistent, so a panic elsewhere cannot have broken it.
     channels.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -104,7 +106,7 @@ impl Subscriber {
                         let text = String::from_utf8_lossy(text);
                         let waiters = channels.get(name.as_slice()).map(|c| &c.waiters);
                         if text == WAKE_ALL {
-                            for tx in waiters.into_iter().flat_map(HashMap::values) {
+                            for tx in waiters.into_iter().flat_map(BTreeMap::values) {
                                 tx.send_replace(Announcement::Retry);
                             }
                         } else {
@@ -194,7 +196,7 @@ impl Subscriber {
         let rx = {
             let mut channels = lock_channels(&self.channels);
             let entry =
-                channels.entry(name.clone()).or_insert_with(|| Channel { waiters: HashMap::new(), subscribed: false });
+                channels.entry(name.clone()).or_insert_with(|| Channel { waiters: BTreeMap::new(), subscribed: false });
             let tx = watch::Sender::new(Announcement::Nothing);
             let rx = tx.subscribe();
             entry.waiters.insert(token.as_str().to_owned(), tx);
@@ -253,7 +255,7 @@ impl Subscriber {
 /// a cluster node dropped it (its slot moved away).
 #[derive(Clone)]
 struct Resubscribe {
-    channels: Arc<Mutex<HashMap<Vec<u8>, Channel>>>,
+    channels: Arc<Mutex<BTreeMap<Vec<u8>, Channel>>>,
     /// Weak: this lives in the push handler of the very connection it names, and a strong reference would
     /// keep that connection (its socket and task) alive after the client is dropped.
     connection: std::sync::Weak<tokio::sync::OnceCell<Link>>,
@@ -316,7 +318,7 @@ mod tests {
     fn waiting(subscriber: &Subscriber, channel: &str, token: &str, subscribed: bool) -> watch::Receiver<Announcement> {
         let tx = watch::Sender::new(Announcement::Nothing);
         let rx = tx.subscribe();
-        let waiters = HashMap::from([(token.to_owned(), tx)]);
+        let waiters = BTreeMap::from([(token.to_owned(), tx)]);
         lock_channels(&subscriber.channels).insert(channel.as_bytes().to_vec(), Channel { waiters, subscribed });
         rx
     }
