@@ -103,7 +103,10 @@ pub(super) fn parse_record(value: &[u8]) -> Option<(Option<String>, u64)> {
     let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
     let fence = std::str::from_utf8(&rest[..digits]).ok()?.parse().unwrap_or(0);
     let vacant = token[0] == b'=' || token[0] == b'-';
-    let token = (!vacant).then(|| String::from_utf8_lossy(token).into_owned());
+    // Tokens are ASCII hex: `from_utf8` checks them faster than a lossy conversion would copy them.
+    let token = (!vacant).then(|| {
+        std::str::from_utf8(token).map_or_else(|_| String::from_utf8_lossy(token).into_owned(), str::to_owned)
+    });
     Some((token, fence))
 }
 
@@ -134,7 +137,7 @@ impl World {
     ) -> Option<(Option<String>, u64, Instant)> {
         let n = &nodes[node];
         let (value, ttl) = n.redis.peek(self.node_now_us(n), record.as_bytes())?;
-        let (token, fence) = parse_record(&value)?;
+        let (token, fence) = parse_record(value)?;
         // No expiry cannot happen to a record; take it as far away.
         let expires =
             Instant::now() + ttl.map_or(Duration::from_secs(3600), |ms| Duration::from_millis(ms.max(0) as u64));

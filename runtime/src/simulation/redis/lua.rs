@@ -232,7 +232,7 @@ impl Engine {
             Ok(n) => n as usize,
             Err(e) => return e,
         };
-        let sha = if by_sha { lower(&args[1]) } else { sha1_hex(&args[1]) };
+        let sha = if by_sha { lower(&args[1]) } else { sha1_of_script(&args[1]) };
         let cached = self.scripts.contains(&sha).then(|| self.compiled.get(&sha).cloned()).flatten();
         let function = match cached {
             Some(function) => function,
@@ -363,6 +363,31 @@ fn error_handler(lua: &Lua, tostring: &Function, error: Value) -> mlua::Result<T
 /// The lower-case hex SHA1 of `bytes`, as Redis names scripts.
 pub(super) fn sha1_hex(bytes: &[u8]) -> Vec<u8> {
     sha1_smol::Sha1::from(bytes).digest().to_string().into_bytes()
+}
+
+/// [`sha1_hex`] of a script body EVAL sent, remembered per thread: a client sends EVAL after each NOSCRIPT (a
+/// restart, a flush), the same few production scripts each time, and hashing them again was a tenth of a
+/// Redlock schedule's instructions. Looked up by length, then compared in full; a pure function, so the cache
+/// cannot change a schedule.
+fn sha1_of_script(body: &[u8]) -> Vec<u8> {
+    use std::cell::RefCell;
+    /// Script bodies and their SHA1s, by the body's length.
+    type Known = HashMap<usize, Vec<(Vec<u8>, Vec<u8>)>>;
+    thread_local! {
+        static KNOWN: RefCell<Known> = RefCell::new(HashMap::new());
+    }
+    // Enough for every production script and its variants; past it, EVALs of arbitrary text are hashed anew.
+    const MAX_BODIES: usize = 256;
+    KNOWN.with_borrow_mut(|known| {
+        if let Some((_, sha)) = known.get(&body.len()).and_then(|same| same.iter().find(|(b, _)| b == body)) {
+            return sha.clone();
+        }
+        let sha = sha1_hex(body);
+        if known.values().map(Vec::len).sum::<usize>() < MAX_BODIES {
+            known.entry(body.len()).or_default().push((body.to_vec(), sha.clone()));
+        }
+        sha
+    })
 }
 
 /// ASCII lower case, as Redis compares SHA1s.

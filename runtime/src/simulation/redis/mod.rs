@@ -183,11 +183,11 @@ impl SimRedis {
     /// The string at `key` and its ms to live (`None`: no expiry), as the server sees it at `now_us`; no side
     /// effects. `None` if absent, expired or not a string.
     #[cfg_attr(not(test), allow(dead_code, reason = "the simulation's oracle calls it"))]
-    pub(crate) fn peek(&self, now_us: i64, key: &[u8]) -> Option<(Vec<u8>, Option<i64>)> {
+    pub(crate) fn peek(&self, now_us: i64, key: &[u8]) -> Option<(&[u8], Option<i64>)> {
         let now_ms = now_us.div_euclid(1000);
         let entry = self.keyspace.get(key).filter(|e| !keyspace::expired(e.expires_at_ms, now_ms))?;
         match &entry.value {
-            Data::String(s) => Some((s.clone(), entry.expires_at_ms.map(|at| (at - now_ms).max(0)))),
+            Data::String(s) => Some((s.as_slice(), entry.expires_at_ms.map(|at| (at - now_ms).max(0)))),
             Data::ZSet(_) => None,
         }
     }

@@ -208,7 +208,7 @@ fn script_errors_keep_their_code_and_the_writes_before_them() {
     let (code, message) = error(&failed);
     assert_eq!(code, "WRONGTYPE");
     assert!(message.ends_with(", on @user_script:2."), "{message}");
-    assert_eq!(sim.peek(NOW, b"k"), Some((b"kept".to_vec(), None)), "Redis does not roll a script back");
+    assert_eq!(sim.peek(NOW, b"k"), Some((b"kept".as_slice(), None)), "Redis does not roll a script back");
     // Under pcall a script gets the error's text; redis.pcall returns its table.
     let caught = "local ok, e = pcall(redis.call, 'get', 'z') return {tostring(ok), e, redis.pcall('get', 'z')}";
     let wrongtype = "WRONGTYPE Operation against a key holding the wrong kind of value";
@@ -269,7 +269,7 @@ fn effects_and_publications_are_what_a_replica_and_subscribers_get() {
     let mut replica = SimRedis::new();
     replica.apply(&done.effects);
     assert_eq!(replica.snapshot(NOW), primary.snapshot(NOW));
-    assert_eq!(replica.peek(NOW + 1_000_000, b"a"), Some((b"1".to_vec(), Some(4000))));
+    assert_eq!(replica.peek(NOW + 1_000_000, b"a"), Some((b"1".as_slice(), Some(4000))));
 }
 
 /// Order by score then member; WITHSCORES pairs and ZPOPMIN with a count nested as RESP3 nests them.
@@ -339,7 +339,7 @@ fn production_scripts_hand_a_lock_over_and_announce_it() {
     let announced = format!("{waiter}:{}:20000:3", NOW + 2);
     assert_eq!(released.published[0].message, announced.as_bytes(), "to the longest waiter");
     let (record, ttl) = sim.peek(NOW + 2, b"{k}").unwrap_or_default();
-    assert!(record.starts_with(format!("{waiter}+{}:", NOW + 2).as_bytes()), "{:?}", String::from_utf8_lossy(&record));
+    assert!(record.starts_with(format!("{waiter}+{}:", NOW + 2).as_bytes()), "{:?}", String::from_utf8_lossy(record));
     assert_eq!(ttl, Some(20000), "for the hand-over lease");
 }
 
