@@ -525,3 +525,33 @@ async fn on_one_server_free_keys_are_taken_in_one_call() {
     assert!(fx.client().lock_info("one:a").await.expect("info").is_none(), "nothing left half-taken");
     holder.release().await.expect("release");
 }
+
+/// The one call that takes several free keys at once hands out no guard when its reply comes after the leases
+/// it granted ran out (the replies here come 300 ms after each send, past a 200 ms lease): the request gives
+/// those grants back and fails within its wait; it never returns a guard that is lost from birth, and leaves no
+/// key held. (Mutation report: `acquire_free`'s too-late test with `||` turned into `&&` handed one out.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_of_the_all_free_call_that_comes_too_late_hands_out_no_guard() {
+    let server = distlock_tests::RedisServer::new();
+    let proxy = distlock_tests::proxy::FaultProxy::to_port(server.port()).await;
+    let client = Client::builder().redis(proxy.url()).response_timeout(secs(2)).build().await.expect("client");
+    // Once at full speed, so the server has the scripts and the delayed call below is the one-step call itself.
+    client.lock_all(["late:warm:a", "late:warm:b"]).acquire().await.expect("free").release().await.expect("release");
+    proxy.set_fault(distlock_tests::proxy::Fault::Delay(ms(150)));
+    let request = client.lock_all(["late:a", "late:b"]).ttl(ms(200)).wait(ms(800));
+    let started = Instant::now();
+    let outcome = request.acquire().await;
+    match &outcome {
+        Ok(guard) => panic!("a guard from late replies (lost: {}); every reply came past its lease", guard.is_lost()),
+        Err(LockError::NotObtained { .. }) => {}
+        Err(other) => panic!("expected NotObtained once the wait ran out, got {other:?}"),
+    }
+    assert!(started.elapsed() < secs(4), "the request took {:?} with a wait of 800 ms", started.elapsed());
+    proxy.set_fault(distlock_tests::proxy::Fault::Pass);
+    for key in ["late:a", "late:b"] {
+        eventually(secs(2), &format!("`{key}` is free"), || async {
+            client.lock_info(key).await.expect("info").is_none()
+        })
+        .await;
+    }
+}
