@@ -166,6 +166,27 @@ fn replicas_seeds_with_a_resubscription_replay_exactly() {
     }
 }
 
+/// Regression, found by the simulation's liveness check (redlock seed 19, and 62 more of the first 300, issue
+/// 32): once every fault had ended, a request failed at once, with 10 s of its wait left, because the previous
+/// attempt's calls were still waiting on every server behind a reply lost before (one connection per server,
+/// replies in order): "the previous attempt's call for this lock is not over on this server" was not a passing
+/// error, so the request did not retry. It is now, as the timeout that left the call unfinished is.
+#[test]
+fn redlock_seed_19_a_round_sat_out_is_retried_within_the_wait() {
+    assert_clean(Model::Redlock(3), 19);
+}
+
+/// Regression, found by the simulation's liveness check (redlock seeds 5428, 6714, 7112, 9612 of 10,000, issue
+/// 32): with two of three servers restarted (their lock state younger than the ttl, so their grants do not
+/// count), a request failed at once with "invalid distlock configuration" instead of retrying within its wait
+/// until they were a ttl old. The error is now a passing one.
+#[test]
+fn redlock_seeds_with_young_servers_wait_until_they_count() {
+    for seed in [5428, 6714] {
+        assert_clean(Model::Redlock(3), seed);
+    }
+}
+
 /// Regression, found by this simulation on Redlock (seed 308, issue 32): a renewal's NOSCRIPT re-send (EVAL),
 /// still running after its round had ended, set its older, shorter lease over a later renewal's on two of
 /// three servers, below the holder's deadline. A server's renewal now ends with its round.

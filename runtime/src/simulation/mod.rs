@@ -210,6 +210,20 @@ struct State {
     hubs: std::collections::BTreeMap<String, Vec<tokio::sync::mpsc::UnboundedSender<crate::backend::Announcement>>>,
     /// What the rules of `outcomes.rs` remember: applied releases, forced unlocks, `max_hold` caps, shutdowns.
     truth: outcomes::Truth,
+    /// Set by [`Sim::calm`]: no call, reply or announcement is lost or slowed from then on.
+    calm: bool,
+}
+
+impl State {
+    /// `p`, the chance of a network fault, or none once the schedule is calm. The draw is still made, so that
+    /// calming changes nothing else the generator decides.
+    fn chance_of(&self, p: f64) -> f64 {
+        if self.calm {
+            0.0
+        } else {
+            p
+        }
+    }
 }
 
 thread_local! {
@@ -319,6 +333,7 @@ impl World {
             replied: vec![0; clients],
             hubs: Default::default(),
             truth: Default::default(),
+            calm: false,
         };
         // One store for every simulated client; the owner it records is not what the simulation checks.
         let memory = MemoryBackend::new("simulation".into());
@@ -683,6 +698,29 @@ impl Sim {
             tokio::time::sleep(slack).await;
             world.check_gone(client, &record, &tokens, since);
         });
+    }
+
+    /// Ends the schedule's faults: from now on no call, reply or announcement is lost or slowed (the nemesis
+    /// must have stopped). Returns once every stall and pause has ended, with how much longer than its lease a
+    /// record may live on a server whose clock stepped back meanwhile. For the liveness check: once calm, a
+    /// request on a free lock, or on one whose holder crashed, must be served within the lease bound.
+    pub async fn calm(&self) -> Duration {
+        let stores = {
+            let mut state = self.0.state();
+            state.calm = true;
+            // A crashed client's stall never ends; it is not asked to do anything.
+            let stalls = state.stalls.iter().zip(&state.frozen_until).filter(|(_, frozen)| frozen.is_some());
+            stalls.flat_map(|(stalls, _)| stalls.iter().map(|&(_, end)| end)).fold(state.paused_until, Instant::max)
+        };
+        let until = self.0.nodes().iter().map(|n| n.paused_until).fold(stores, Instant::max);
+        self.0.trace(|| "CALM: no more faults".to_owned());
+        tokio::time::sleep_until(until).await;
+        self.0.stepped_back_since(self.0.start)
+    }
+
+    /// Whether client `client` crashed (it never runs again).
+    pub fn crashed(&self, client: usize) -> bool {
+        self.0.state().frozen_until[client].is_none()
     }
 
     /// A request that waited at most `wait` ended (`what`), having started at `started`: it must end by its

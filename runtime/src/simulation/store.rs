@@ -56,7 +56,7 @@ impl World {
         state.issued[client] += 1;
         let mut faults = 0;
         let mut leg = |state: &mut super::State| {
-            if state.rng.f64() < config.slow {
+            if state.rng.f64() < state.chance_of(config.slow) {
                 faults += 1;
                 Duration::from_millis(state.rng.u64(0..=config.slow_delay.as_millis() as u64))
             } else {
@@ -64,8 +64,8 @@ impl World {
             }
         };
         let (request, reply) = (leg(&mut state), leg(&mut state));
-        let lose_request = state.rng.f64() < config.lose_request;
-        let lose_reply = !lose_request && state.rng.f64() < config.lose_reply;
+        let lose_request = state.rng.f64() < state.chance_of(config.lose_request);
+        let lose_reply = !lose_request && state.rng.f64() < state.chance_of(config.lose_reply);
         faults += u64::from(lose_request) + u64::from(lose_reply);
         let blackhole = state.rng.bool();
         state.faults += faults;
@@ -266,8 +266,8 @@ impl SimStore {
             let text = announced(&announcement);
             let (dropped, late) = {
                 let mut state = world.state();
-                let dropped = state.rng.f64() < world.config.drop_announcement;
-                let late = !dropped && state.rng.f64() < world.config.drop_announcement;
+                let dropped = state.rng.f64() < state.chance_of(world.config.drop_announcement);
+                let late = !dropped && state.rng.f64() < state.chance_of(world.config.drop_announcement);
                 state.faults += u64::from(dropped || late);
                 let late =
                     late.then(|| Duration::from_millis(state.rng.u64(1..=world.config.slow_delay.as_millis() as u64)));

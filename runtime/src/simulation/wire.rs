@@ -341,8 +341,8 @@ impl World {
     fn deliver(self: &Arc<Self>, subscriber: Subscriber, channel: Vec<u8>, message: Vec<u8>) {
         let (dropped, delay) = {
             let mut state = self.state();
-            let dropped = state.rng.f64() < self.config.drop_announcement;
-            let late = !dropped && state.rng.f64() < self.config.drop_announcement;
+            let dropped = state.rng.f64() < state.chance_of(self.config.drop_announcement);
+            let late = !dropped && state.rng.f64() < state.chance_of(self.config.drop_announcement);
             state.faults += u64::from(dropped || late);
             let most = if late { self.config.slow_delay } else { self.config.normal_delay };
             (dropped, Duration::from_millis(state.rng.u64(0..=most.as_millis() as u64)))

@@ -73,13 +73,61 @@ pub async fn workload(sim: Sim) {
         let c = sim.below(clients as u64) as usize;
         spawn(c, sim.spawn(c, operator(sim.clone(), handles[c].clone(), c, keys)));
     }
+    let mut shut = None;
     if sim.chance(0.15) {
         let c = sim.below(clients as u64) as usize;
         spawn(c, sim.spawn(c, shutdown(sim.clone(), handles[c].clone(), c)));
+        shut = Some(c);
     }
     let nemesis = tokio::spawn(nemesis(sim.clone(), Arc::clone(&aborts)));
     super::join_users(&sim, tasks).await;
     nemesis.abort();
+    served_once_calm(&sim, &handles, keys, shut).await;
+}
+
+/// Liveness: once every fault has ended and every task is over, a request on each key is served within the
+/// longest anything left over can keep it — a crashed client's lock (its lease, `MAX_LEASE`) or its place in
+/// a queue, a `min_hold`, a restarted Redlock server's wait of one ttl — and a server clock stepped back
+/// lengthens that. A request that is never served, or gives up too soon, breaks no safety rule; this is what
+/// catches it.
+async fn served_once_calm(sim: &Sim, handles: &[Client], keys: u64, shut: Option<usize>) {
+    let stepped_back = sim.calm().await;
+    let live: Vec<usize> = (0..handles.len()).filter(|&c| Some(c) != shut && !sim.crashed(c)).collect();
+    if live.is_empty() {
+        return;
+    }
+    let wait = 3 * MAX_LEASE + stepped_back + Duration::from_secs(2);
+    for k in 0..keys {
+        let c = live[k as usize % live.len()];
+        let key = format!("k{k}");
+        sim.trace(|| format!("c{c} liveness: {key} requested"));
+        match handles[c].lock(&key).ttl(Duration::from_secs(1)).wait(wait).acquire().await {
+            Ok(guard) if !guard.is_lost() => {
+                if let Err(e) = guard.release().await {
+                    sim.violation(format!("c{c} liveness: releasing {key} once calm failed: {e}"));
+                }
+            }
+            Ok(_) => sim.violation(format!("c{c} liveness: {key}'s guard read lost once calm")),
+            Err(e) => sim.violation(format!("c{c} liveness: {key} not served within {wait:?} once calm: {e}")),
+        }
+    }
+    if keys > 1 {
+        // Every key at once (a multi-key request must not give up while its keys come free one by one).
+        let c = live[keys as usize % live.len()];
+        let all: Vec<String> = (0..keys).map(|k| format!("k{k}")).collect();
+        sim.trace(|| format!("c{c} liveness: {all:?} requested together"));
+        match handles[c].lock_all(all).ttl(Duration::from_secs(1)).wait(wait).acquire().await {
+            Ok(guard) if !guard.is_lost() => {
+                if let Err(e) = guard.release().await {
+                    sim.violation(format!("c{c} liveness: releasing every key once calm failed: {e}"));
+                }
+            }
+            Ok(_) => sim.violation(format!("c{c} liveness: the guard of every key read lost once calm")),
+            Err(e) => {
+                sim.violation(format!("c{c} liveness: every key at once not served within {wait:?} once calm: {e}"))
+            }
+        }
+    }
 }
 
 /// Stalls clients (their own tasks stop), pauses the store, now and then crashes a client (aborting its

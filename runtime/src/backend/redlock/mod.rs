@@ -179,8 +179,11 @@ impl Store for RedlockBackend {
             let under_way = self.unfinished.begin(i, &token);
             async move {
                 let Some(_under_way) = under_way else {
-                    let source = redis::RedisError::from((
-                        redis::ErrorKind::Client,
+                    // Passing, like the timeout that usually left the call unfinished: the call ends within the
+                    // response timeout, so a request retries within its wait instead of failing at once (found by
+                    // the simulation's liveness check: every server's call still waiting behind a lost reply).
+                    let source = redis::RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::ResourceBusy,
                         "the previous attempt's call for this lock is not over on this server",
                     ));
                     let hint = "it sits this round out, so that giving back that attempt's grant cannot delete \
@@ -255,7 +258,21 @@ impl Store for RedlockBackend {
                  {ttl:?})",
                 young.len()
             );
-            return Err(self.no_quorum(&what, leases.len(), replies));
+            return Err(match self.no_quorum(&what, leases.len(), replies) {
+                // Every server answered: no server's error to show. Passing, not a configuration error: the young
+                // servers count once their lock state is a ttl old, so a request with a wait retries within it
+                // (found by the simulation's liveness check: two of three servers restarted, and every request
+                // failed at once, "invalid configuration", until they were a ttl old).
+                LockError::InvalidConfig(note) => {
+                    let source = redis::RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::ResourceBusy,
+                        "too few servers old enough to vote",
+                    ));
+                    let hint = "retry once they are a ttl old (a request with a wait does)".to_owned();
+                    LockError::Backend(BackendError::with_hint(&self.names, hint, source).with_note(&note))
+                }
+                other => other,
+            });
         }
         Err(self.no_quorum("granted", leases.len(), replies))
     }
