@@ -16,7 +16,7 @@ use std::io::Write;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use distlock::simulation::Model;
-use distlock_tests::simulation::{run_classic, run_classic_on, run_many_on, run_one, run_one_on, Summary};
+use distlock_tests::simulation::{run_classic, run_classic_on, run_many_on, run_one_on, Summary};
 
 fn env(name: &str) -> Option<u64> {
     let value = std::env::var(name).ok()?;
@@ -33,6 +33,23 @@ fn assert_clean(model: Model, seed: u64) {
 fn assert_clean_classic(model: Model, seed: u64) {
     let report = run_classic_on(model, seed, false);
     assert!(report.violations.is_empty(), "{} seed {seed} (classic): {:#?}", model.name(), report.violations);
+}
+
+/// Each schedule of `seeds` on `model`, run eight times in this process, makes the same calls and faults and
+/// finds the same violations each time.
+fn assert_replays_exactly(model: Model, seeds: &[u64]) {
+    for &seed in seeds {
+        let first = run_one_on(model, seed, false);
+        for _ in 0..7 {
+            let again = run_one_on(model, seed, false);
+            assert_eq!(
+                (again.calls, again.faults, &again.violations),
+                (first.calls, first.faults, &first.violations),
+                "{} seed {seed} did not replay exactly",
+                model.name()
+            );
+        }
+    }
 }
 
 /// Prints past the test harness's capture: the summary line shows in every run.
@@ -133,17 +150,7 @@ fn seeds_with_a_cancelled_extend_keep_their_lock() {
 /// now agree call for call.
 #[test]
 fn seeds_with_a_shutdown_replay_exactly() {
-    for seed in [201, 288, 511] {
-        let first = run_one(seed, false);
-        for _ in 0..7 {
-            let again = run_one(seed, false);
-            assert_eq!(
-                (again.calls, again.faults, &again.violations),
-                (first.calls, first.faults, &first.violations),
-                "seed {seed} did not replay exactly"
-            );
-        }
-    }
+    assert_replays_exactly(Model::Memory, &[201, 288, 511]);
 }
 
 /// Regression, found while timing the simulation (redis+replicas seeds 18 and 23 among 75 of 2,000, issue 32):
@@ -153,17 +160,7 @@ fn seeds_with_a_shutdown_replay_exactly() {
 /// replay exactly (nor a failing seed reproduce). The waiters are now kept in token order.
 #[test]
 fn replicas_seeds_with_a_resubscription_replay_exactly() {
-    for seed in [18, 23] {
-        let first = run_one_on(Model::RedisReplicas, seed, false);
-        for _ in 0..7 {
-            let again = run_one_on(Model::RedisReplicas, seed, false);
-            assert_eq!(
-                (again.calls, again.faults, &again.violations),
-                (first.calls, first.faults, &first.violations),
-                "redis+replicas seed {seed} did not replay exactly"
-            );
-        }
-    }
+    assert_replays_exactly(Model::RedisReplicas, &[18, 23]);
 }
 
 /// Regression, found by the simulation's liveness check (redlock seed 19, and 62 more of the first 300, issue
