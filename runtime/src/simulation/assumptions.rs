@@ -98,6 +98,10 @@ impl World {
             return true;
         }
         let lease = grant.lease();
+        // Nothing to look at unless a server restarted since (most checks: the oracle runs after every command).
+        if !self.nodes().iter().any(|n| n.restarts.iter().any(|&at| at >= lease.since)) {
+            return false;
+        }
         let held_for = lease.valid_until.saturating_duration_since(lease.since);
         let seen = self.peek_each(&grant.keys.record);
         // The grants first, then their leases: no grant's lock is taken under the world's.

@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use crate::backend::{Backend, MemoryBackend, RedisBackend, RedlockBackend, ReplicaAcks, Timeouts};
 use crate::client::ClientInner;
 use crate::grant::Grant;
-use crate::{Client, LockGuard};
+use crate::{Client, LockError, LockGuard, RetryStrategy};
 pub use mutation::{lua_mutants, LuaMutant};
 pub use outcomes::Releasing;
 pub(crate) use stall::owned;
@@ -178,7 +178,7 @@ struct State {
     /// Until when the store applies nothing.
     paused_until: Instant,
     /// Grants the oracle checks at every step, with the client and a name for messages.
-    probes: Vec<(Weak<Grant>, usize, String)>,
+    probes: Vec<(Weak<Grant>, usize, Arc<str>)>,
     /// Per record: the last owner token and fencing token the store was seen to hold.
     last_fence: std::collections::BTreeMap<String, (Option<String>, u64)>,
     /// Per record: when its last owner's grant was first seen.
@@ -665,7 +665,7 @@ impl Sim {
         self.0.trace(|| format!("c{client} {name}: holds fence {}", guard.fencing_token()));
         let mut state = self.0.state();
         state.bodies.insert(name.clone(), vec![Arc::downgrade(guard.grant())]);
-        state.probes.push((Arc::downgrade(guard.grant()), client, name));
+        state.probes.push((Arc::downgrade(guard.grant()), client, name.into()));
         drop(state);
         self.0.check("watch");
     }
@@ -744,6 +744,35 @@ impl Sim {
         let waited = now - started;
         if waited > wait + slack {
             self.violation(format!("c{client} {what}: waited {waited:?}, past its wait {wait:?} + {slack:?}"));
+        }
+    }
+
+    /// A request of `client` that started at `started` with `wait` and `retry` failed with `error`. A busy
+    /// lock or a passing failure (a timeout, a lost connection, a Redlock round sat out) ends a request with a
+    /// wait and a retry strategy only once its wait is over, or so nearly that the strategy's next pause (at
+    /// most its longest delay) would pass it: until then it tries again.
+    pub fn check_gave_up(
+        &self,
+        client: usize,
+        started: Instant,
+        (wait, retry): (Duration, RetryStrategy),
+        error: &LockError,
+        what: &str,
+    ) {
+        let longest = match retry {
+            RetryStrategy::Linear { step } => step,
+            RetryStrategy::Exponential { max, .. } => max,
+            RetryStrategy::None => return,
+        };
+        let passing = matches!(error, LockError::NotObtained { .. }) || error.is_transient();
+        let earliest = started + wait.saturating_sub(longest);
+        let now = Instant::now();
+        if passing && now < earliest {
+            self.violation(format!(
+                "c{client} {what}: gave up {:?} after it started, with {:?} of its wait {wait:?} left ({retry:?}): {error}",
+                now - started,
+                started + wait - now
+            ));
         }
     }
 }

@@ -20,7 +20,7 @@ use crate::grant::Grant;
 impl World {
     /// Checks every watched guard that says valid against the store.
     pub(super) fn check(&self, when: &str) {
-        let grants: Vec<(Arc<Grant>, usize, String)> = {
+        let grants: Vec<(Arc<Grant>, usize, Arc<str>)> = {
             let mut state = self.state();
             state.probes.retain(|(grant, ..)| grant.strong_count() > 0);
             state.probes.iter().filter_map(|(g, c, n)| Some((g.upgrade()?, *c, n.clone()))).collect()

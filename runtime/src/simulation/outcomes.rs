@@ -293,7 +293,7 @@ impl Sim {
         state.bodies.insert(name.to_owned(), grants.iter().map(Arc::downgrade).collect());
         for grant in &grants {
             if !state.probes.iter().any(|(probe, ..)| probe.as_ptr() == Arc::as_ptr(grant)) {
-                state.probes.push((Arc::downgrade(grant), client, name.to_owned()));
+                state.probes.push((Arc::downgrade(grant), client, name.into()));
             }
         }
         if let (Some(max_hold), false) = (max_hold, owned.is_empty()) {

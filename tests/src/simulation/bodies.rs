@@ -154,11 +154,15 @@ impl User {
             }
             (3, Some(other)) => {
                 let (request, opts) = self.request(std::slice::from_ref(&other), false);
-                let request = request.wait(opts.wait.min(Duration::from_millis(300)));
+                let wait = opts.wait.min(Duration::from_millis(300));
                 let keys = [other.clone()];
                 let body = self.body(name.clone(), &keys, opts, chain, depth, false);
-                let (tokens, running) = sim.track(request.run(body));
+                let started = Instant::now();
+                let (tokens, running) = sim.track(request.wait(wait).run(body));
                 let outcome = running.await;
+                if let Err(e) = &outcome {
+                    sim.check_gave_up(c, started, (wait, opts.retry), e, &name);
+                }
                 sim.run_ended(c, &name, &keys, &tokens, matches!(outcome, Err(LockError::Lost { .. })));
                 sim.trace(|| format!("c{c} {name}: run of {other} ended with {:?}", outcome.map(|_| ())));
                 self.left(&[other], tokens.get(), None);
@@ -172,6 +176,9 @@ impl User {
                 let (tokens, acquiring) = sim.track(request.wait(wait).acquire());
                 let outcome = acquiring.await;
                 sim.check_wait_keys(c, started, wait, &keys, &name);
+                if let Err(e) = &outcome {
+                    sim.check_gave_up(c, started, (wait, opts.retry), e, &name);
+                }
                 match outcome {
                     Ok(guard) => {
                         sim.in_body(c, &[(&guard, &keys[..], OnLost::Abort)], &name, true);

@@ -203,6 +203,8 @@ pub(super) struct Opts {
     pub(super) on_lost: OnLost,
     /// Only where the request takes a grant of its own (a reentrant one shares the outer grant).
     pub(super) max_hold: Option<Duration>,
+    /// How it retries within its wait.
+    pub(super) retry: RetryStrategy,
 }
 
 /// One user task of client `c`, on keys `k0`..`k{keys-1}`.
@@ -286,7 +288,7 @@ impl User {
             request = request.max_hold(max_hold);
         }
         let on_lost = if sim.chance(0.5) { OnLost::Abort } else { OnLost::Continue };
-        (request.on_lost(on_lost), Opts { ttl, wait, on_lost, max_hold })
+        (request.on_lost(on_lost), Opts { ttl, wait, on_lost, max_hold, retry })
     }
 
     /// How long to hold a lock: up to two ttls; under `max_hold`, half the time until past the cap and a lease
@@ -362,6 +364,9 @@ impl User {
             return self.left(&keys, tokens.get(), Some(opts.ttl));
         };
         sim.check_wait_keys(c, started, opts.wait, &keys, name);
+        if let Err(e) = &outcome {
+            sim.check_gave_up(c, started, (opts.wait, opts.retry), e, name);
+        }
         let guard = match outcome {
             Ok(Some(guard)) => guard,
             other => {
