@@ -101,7 +101,9 @@ pub(super) fn parse_record(value: &[u8]) -> Option<(Option<String>, u64)> {
     let token = value.get(..crate::token::TOKEN_LEN)?;
     let rest = value.get(crate::token::TOKEN_LEN + 1..)?;
     let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-    let fence = std::str::from_utf8(&rest[..digits]).ok()?.parse().unwrap_or(0);
+    // As `str::parse` would (0 when none or too many), without the UTF-8 check: the oracle reads records often.
+    let fence = rest[..digits].iter().try_fold(0u64, |n, d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')));
+    let fence = fence.unwrap_or(0);
     let vacant = token[0] == b'=' || token[0] == b'-';
     // Tokens are ASCII hex: `from_utf8` checks them faster than a lossy conversion would copy them.
     let token = (!vacant).then(|| {

@@ -6,10 +6,13 @@
 //! `dofile`, `loadfile`, `print`, `getfenv`, `setfenv` and `newproxy`; its `cjson`, `cmsgpack`, `struct` and
 //! `bit` are missing here, and `math.random` is Lua's own, not Redis's rand48: distlock's scripts use none of
 //! them); the `redis` table (`api.rs`); KEYS and ARGV; Redis's `pcall`, which hands a script the text of a
-//! Redis error instead of its table. Globals are read-only, and reading one that does not exist is an error,
-//! with Redis's messages: a script runs with a proxy of the globals as its environment, and the library tables
-//! are proxies too (Redis 7.0 marks the real tables read-only inside its patched Lua, which mlua's Lua
-//! cannot; so `pairs(_G)` finds nothing here).
+//! Redis error instead of its table. A new global and a field of a library table cannot be set, and reading a
+//! global that does not exist is an error, with Redis's messages: a script runs with a copy of the globals as
+//! its environment, and the library tables are proxies (Redis 7.0 marks the real tables read-only inside its
+//! patched Lua, which mlua's Lua cannot; so `pairs(string)` finds nothing here). One difference: assigning to
+//! a global that exists (`tostring = nil`) succeeds here, and stays for the server's later scripts, where
+//! Redis refuses it; no distlock script assigns a global, which the differential check against a real
+//! redis-server would show.
 //!
 //! Errors: Redis raises `{err = "CODE detail"}` tables from `redis.call`; a Rust function cannot raise a Lua
 //! table through mlua, so it raises a Rust error carrying the text, and the two places where Redis's code
@@ -49,9 +52,8 @@ const INSTRUCTION_BUDGET: u64 = 1_000;
 /// The Lua state and the script cache.
 pub(super) struct Engine {
     lua: Lua,
-    /// The real globals: KEYS and ARGV are set here.
-    globals: Table,
-    /// What scripts see as their globals: a read-only proxy of `globals`.
+    /// What scripts see as their globals: a copy of the real ones, read-only for new names (KEYS and ARGV
+    /// are set here).
     env: Table,
     /// `xpcall(script, handler)`, returning the success flag and the first value.
     runner: Function,
@@ -95,15 +97,17 @@ G.pcall = function(...) return caught(lua_pcall(...)) end
 local function refuse() error('Attempt to modify a readonly table', 2) end
 local function readonly(t) return setmetatable({}, {__index = t, __newindex = refuse}) end
 for _, name in ipairs({'string', 'math', 'table', 'coroutine', 'redis'}) do G[name] = readonly(G[name]) end
-local env = setmetatable({}, {
+-- The globals copied, so that reading one is a table read as in Redis (through an __index function, every
+-- global a script read was a Lua call: a sixth of the simulated scripts' time).
+local env = {}
+for k, v in pairs(G) do env[k] = v end
+env._G = env
+setmetatable(env, {
   __index = function(_, k)
-    local v = G[k]
-    if v == nil then error("Script attempted to access nonexistent global variable '" .. tostring(k) .. "'", 2) end
-    return v
+    error("Script attempted to access nonexistent global variable '" .. tostring(k) .. "'", 2)
   end,
   __newindex = refuse,
 })
-G._G = env
 return env, function(f, h) local ok, r = xpcall(f, h) return ok, r end
 "#;
 
@@ -146,7 +150,7 @@ impl Engine {
                 _ => Ok(VmState::Continue),
             }
         })?;
-        Ok(Self { lua, globals, env, runner, handler, scripts: HashSet::new(), compiled: HashMap::new(), mutant: None })
+        Ok(Self { lua, env, runner, handler, scripts: HashSet::new(), compiled: HashMap::new(), mutant: None })
     }
 
     /// Caches the script `body` (SHA1 `sha`), compiled as Redis compiles it (`luaCreateFunction`: chunk
@@ -273,8 +277,8 @@ impl Engine {
             }
             Ok(table)
         };
-        self.globals.raw_set("KEYS", array(keys)?)?;
-        self.globals.raw_set("ARGV", array(argv)?)?;
+        self.env.raw_set("KEYS", array(keys)?)?;
+        self.env.raw_set("ARGV", array(argv)?)?;
         // A script calls commands in RESP2 until it asks for RESP3.
         let mut lent = Ctx::new(ctx.now_us);
         std::mem::swap(&mut lent, ctx);

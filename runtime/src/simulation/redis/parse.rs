@@ -205,6 +205,16 @@ pub(super) fn format_g(x: f64, precision: u8) -> String {
     if x == 0.0 {
         return if x.is_sign_negative() { "-0" } else { "0" }.to_owned();
     }
+    // An integer of at most P digits prints as itself (the general path's two format! calls were a tenth of a
+    // simulated script call: most numbers scripts pass are ttls and counts); below 2^53 every one is exact.
+    if x.fract() == 0.0 && x.abs() < 9.0e15_f64.min(10f64.powi(i32::from(precision.max(1)))) {
+        return (x as i64).to_string();
+    }
+    format_g_digits(x, precision)
+}
+
+/// [`format_g`] of a finite, non-zero `x` by its digits (the path every number but a short integer takes).
+pub(super) fn format_g_digits(x: f64, precision: u8) -> String {
     // %.Pg: P significant digits, fixed notation for exponents from -4 to P - 1, trailing zeros removed.
     let (precision, digits) = (i32::from(precision.max(1)), usize::from(precision.max(1)) - 1);
     let scientific = format!("{x:.digits$e}");

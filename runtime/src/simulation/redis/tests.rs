@@ -59,6 +59,23 @@ fn doubles_print_as_redis_7_0_prints_them() {
     assert_eq!(format_g(3.0, 14), "3");
 }
 
+/// The short path for integers prints what the digits path prints, on both sides of its bounds (10^P for P
+/// digits, and 9e15 just above 2^53).
+#[test]
+fn integers_print_as_their_digits_would() {
+    let mut integers: Vec<f64> = (1..2_000).map(f64::from).collect();
+    for power in 1..=17 {
+        let p = 10f64.powi(power);
+        integers.extend([p - 1.0, p, p + 1.0]);
+    }
+    integers.extend([9.0e15 - 1.0, 9.0e15, 2f64.powi(53) - 1.0, 2f64.powi(53), 2f64.powi(53) + 2.0]);
+    for x in integers.iter().flat_map(|&x| [x, -x]) {
+        for precision in [1, 6, 14, 17] {
+            assert_eq!(format_g(x, precision), parse::format_g_digits(x, precision), "{x} at %.{precision}g");
+        }
+    }
+}
+
 /// `string2ll`, `string2d` and SCAN's `strtoul`: what they accept and refuse.
 #[test]
 fn numbers_and_cursors_parse_as_redis_reads_them() {
