@@ -371,6 +371,45 @@ async fn a_give_back_never_deletes_a_grant_a_later_round_counted() {
     }
 }
 
+/// A round that succeeded keeps every grant, also one still on its way: a server hung at the acquire, whose
+/// grant lands after the round, counts for the next renewal. Here server 2 hangs at the acquire and server 0
+/// loses the record (a take there does not count: its lock state is old), so an `extend` sent before server 2
+/// wakes needs server 2's renewal to count. It once did not: any acquire call of the token still under way on
+/// a server made its renewal count for nothing, as if that call were a failed round's, about to give back;
+/// the `extend` found the lock lost and gave it back (CI saw it once on the test above, an `extend` sent
+/// before the successful round's own calls had ended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_still_on_its_way_from_a_round_that_succeeded_counts_for_renewals() {
+    let _serial = distlock_tests::serial().await;
+    let fixture = Fixture::redlock().await;
+    let client = client_with_response_timeout(&fixture, secs(10)).await;
+    let servers: Vec<&RedisServer> = fixture.redlock_servers().collect();
+    let record = client.record_key("k");
+    let mut conns = fixture.redlock_connections();
+    let hung = Stopped::stop(servers[2].pid().expect("pid"));
+    let guard = client.lock("k").ttl(secs(30)).acquire().await.expect("granted by servers 0 and 1");
+    let guard = std::sync::Arc::new(guard);
+    let deleted: i64 = conns[0].del(&record).await.expect("DEL");
+    assert_eq!(deleted, 1, "server 0 had the record");
+    // A long lease, so that the round waits long for server 2 (a twentieth of it, twice: 12 s) on a slow machine.
+    let extend = {
+        let guard = guard.clone();
+        tokio::spawn(async move { guard.extend(secs(120)).await })
+    };
+    // The renewal round is under way (it took the lock again on server 0) before server 2 wakes.
+    eventually(secs(10), "the renewal's take on server 0", || {
+        let (mut conn, record) = (conns[0].clone(), record.clone());
+        async move { conn.exists::<_, bool>(&record).await.expect("EXISTS") }
+    })
+    .await;
+    hung.resume();
+    within(secs(20), "the extend", extend).await.expect("join").expect("renewed by servers 1 and 2");
+    assert!(!guard.is_lost(), "the lock was lost");
+    assert_eq!(servers_with(&fixture, &record).await, 3, "the lock stands on every server");
+    let guard = std::sync::Arc::into_inner(guard).expect("the extend is done");
+    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+}
+
 /// A server restarted empty (no persistence) while a lock is held there: the lock is still held by the
 /// other two, so nobody else gets a quorum, and the holder's renewals take the lock again on the restarted
 /// server, so that it stands on all three again. An outsider's round meanwhile gets a grant from the emptied

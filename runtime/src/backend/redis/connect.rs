@@ -13,7 +13,7 @@ use super::batch::Coalescer;
 use super::cluster_nodes::{NodeMap, PerNode};
 use super::config_errors::{database_error, url_error};
 use super::link::{self, Conn, Epoch, Link, Rebuilding};
-use super::scripts::{self, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY};
+use super::scripts::{self, ACQUIRE_PLAIN, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY};
 use super::subscriber::Subscriber;
 use super::{timeout_error, ConnectSettings, Hot, RedisBackend, Timeouts};
 use crate::backend::{Attempt, LockKeys, Queueing, Store};
@@ -204,8 +204,10 @@ impl RedisBackend {
         }
         self.probe_lock_cycle(prefix).await?;
         // Cached now, so the first burst of renewals after a restart of this process needs no EVAL fallback: each
-        // script as this connection sends it (numbered on a cluster or behind Sentinel, see link.rs).
-        for script in [&*RENEW, &*RENEW_MANY, &*REMAINING, &*INFO, &*FORCE_UNLOCK, &*scripts::BATCH] {
+        // script as this connection sends it (numbered on a cluster or behind Sentinel, see link.rs). Also a
+        // Redlock server's grant, so that a first acquire is not sent again as EVAL behind calls sent after it
+        // (a renewal sent meanwhile would reach the server first and find no record).
+        for script in [&*RENEW, &*RENEW_MANY, &*REMAINING, &*INFO, &*FORCE_UNLOCK, &*scripts::BATCH, &*ACQUIRE_PLAIN] {
             let source = self.commands.script_source(script);
             let _: redis::RedisResult<String> =
                 redis::cmd("SCRIPT").arg("LOAD").arg(source).query_async(&mut conn).await;

@@ -107,8 +107,10 @@ impl RedlockBackend {
                 // back what it may have granted once its round failed, and that release can land after this
                 // renewal: a record renewed there then is one more server holding the lock, not one that
                 // counts (found by the simulation: redlock seed 3550). Looked at before the renewal is sent: a
-                // give-back over before then was applied before it.
-                let giving_back: Vec<bool> = owned.iter().map(|(_, token, _)| unfinished.under_way(i, token)).collect();
+                // give-back over before then was applied before it. A call of the round that succeeded gives
+                // nothing back (`keep`), however late its grant: counting no server whose call was under way
+                // lost a lock renewed right after its acquire (CI: the round's calls had not yet seen it succeed).
+                let giving_back: Vec<bool> = owned.iter().map(|(_, token, _)| unfinished.may_give_back(i, token)).collect();
                 let work = async {
                     let kept: BatchKept = match server.renew_many(&items).await {
                         Err(e) => Err(e),

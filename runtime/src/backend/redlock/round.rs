@@ -1,8 +1,9 @@
 //! The machinery of a Redlock round: the call on every server at once, the replies collected until the
 //! outcome is certain, and the bookkeeping that keeps a give-back away from a later round's grants.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -26,29 +27,68 @@ pub(super) type Reply<T> = (usize, Result<T, LockError>);
 /// quorum. So a server whose previous call for the token is not over sits the next round out (a failed vote);
 /// the give-back, when it comes, then touches no grant a quorum relies on. The other way round, a release
 /// waits on each server for the token's call there to be over ([`over`](Self::over)), so that a grant or a
-/// take that reaches the server late cannot land after the release and stay for a lease. No `Debug`: it
-/// holds tokens.
+/// take that reaches the server late cannot land after the release and stay for a lease.
+///
+/// A call of a round that succeeded gives nothing back: the round marks its calls kept
+/// ([`keep`](Self::keep)) before it returns, so that a renewal counts a server whose grant is still on its way
+/// ([`may_give_back`](Self::may_give_back)). That grant either lands before the renewal, which then renews the
+/// token's record, or after it (sent again as EVAL, or after a reconnect), and the renewal found no record
+/// there and counts nothing; an attempt that lands twice never shortens the lease the renewal set
+/// (acquire_plain_fn.lua). No `Debug`: it holds tokens.
 #[derive(Clone, Default)]
 pub(super) struct Unfinished(Arc<Calls>);
 
 /// The calls under way, and a wake-up for whoever waits for one to be over.
 #[derive(Default)]
 pub(super) struct Calls {
-    under_way: Mutex<HashSet<(usize, LockToken)>>,
+    under_way: Mutex<HashMap<(usize, LockToken), Call>>,
+    next_id: AtomicU64,
     over: Notify,
+}
+
+/// One call under way: which one (a later call on the same server and token is another), and whether its
+/// round kept its grants.
+struct Call {
+    id: u64,
+    kept: bool,
+}
+
+/// Names a call under way, for [`Unfinished::keep`].
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CallId {
+    server: usize,
+    id: u64,
 }
 
 impl Unfinished {
     /// Marks server `i`'s call for `token` under way, unless one already is.
     pub(super) fn begin(&self, i: usize, token: &LockToken) -> Option<UnderWay> {
         let entry = (i, token.clone());
-        let fresh = self.set().insert(entry.clone());
-        fresh.then(|| UnderWay { set: self.clone(), entry })
+        let id = self.0.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut set = self.set();
+        if set.contains_key(&entry) {
+            return None;
+        }
+        set.insert(entry.clone(), Call { id, kept: false });
+        Some(UnderWay { set: self.clone(), entry, id })
     }
 
-    /// Whether a call for `token` is under way on server `i`.
-    pub(super) fn under_way(&self, i: usize, token: &LockToken) -> bool {
-        self.set().contains(&(i, token.clone()))
+    /// Whether a call for `token` is under way on server `i` that may yet give back a grant: one whose round
+    /// did not keep its grants.
+    pub(super) fn may_give_back(&self, i: usize, token: &LockToken) -> bool {
+        self.set().get(&(i, token.clone())).is_some_and(|call| !call.kept)
+    }
+
+    /// Marks `calls` (of a round that succeeded) as giving nothing back, those still under way.
+    pub(super) fn keep(&self, token: &LockToken, calls: &[CallId]) {
+        let mut set = self.set();
+        for call in calls {
+            if let Some(under_way) = set.get_mut(&(call.server, token.clone())) {
+                if under_way.id == call.id {
+                    under_way.kept = true;
+                }
+            }
+        }
     }
 
     /// Once no call for `token` is under way on server `i` (at once, mostly).
@@ -58,14 +98,14 @@ impl Unfinished {
             let ended = self.0.over.notified();
             tokio::pin!(ended);
             ended.as_mut().enable();
-            if !self.set().contains(&entry) {
+            if !self.set().contains_key(&entry) {
                 return;
             }
             ended.await;
         }
     }
 
-    fn set(&self) -> MutexGuard<'_, HashSet<(usize, LockToken)>> {
+    fn set(&self) -> MutexGuard<'_, HashMap<(usize, LockToken), Call>> {
         self.0.under_way.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -74,6 +114,13 @@ impl Unfinished {
 pub(super) struct UnderWay {
     set: Unfinished,
     entry: (usize, LockToken),
+    id: u64,
+}
+
+impl UnderWay {
+    pub(super) fn id(&self) -> CallId {
+        CallId { server: self.entry.0, id: self.id }
+    }
 }
 
 impl Drop for UnderWay {

@@ -368,3 +368,28 @@ fn a_simulated_server_can_live_in_a_shared_world() {
     shared::<SimRedis>();
     shared::<SimServer>();
 }
+
+/// A Redlock server's attempt that lands twice (sent again after its reply was lost) never shortens the lease:
+/// the client may have renewed or extended it meanwhile and counts on that (redlock/round.rs counts a server
+/// whose grant is still on its way for the next renewal). A shorter lease is still set to the ttl.
+#[test]
+fn a_plain_attempt_landing_twice_never_shortens_its_lease() {
+    let sources: std::collections::HashMap<String, &str> = production_scripts().into_iter().collect();
+    let plain = sources["ACQUIRE_PLAIN"];
+    let token = "0123456789abcdef0123456789abcdef";
+    let attempt = ["EVAL", plain, "1", "{k}", token, "10000", "5:owner", "mark"];
+    let mut sim = SimRedis::new();
+    let granted = run(&mut sim, NOW, &attempt);
+    let redis::Value::Array(first) = &granted else { panic!("not a grant: {granted:?}") };
+    assert_eq!(run(&mut sim, NOW, &["PTTL", "{k}"]), int(10000));
+    // Extended to a minute, then the attempt lands again: still granted, the minute kept.
+    assert_eq!(run(&mut sim, NOW + 1_000, &["PEXPIRE", "{k}", "60000"]), int(1));
+    let again = run(&mut sim, NOW + 2_000, &attempt);
+    let redis::Value::Array(second) = &again else { panic!("not a grant: {again:?}") };
+    assert_eq!(second[0], first[0], "granted again");
+    assert_eq!(run(&mut sim, NOW + 2_000, &["PTTL", "{k}"]), int(59999));
+    // Shorter than the ttl: the attempt sets the ttl.
+    assert_eq!(run(&mut sim, NOW + 3_000, &["PEXPIRE", "{k}", "3000"]), int(1));
+    run(&mut sim, NOW + 4_000, &attempt);
+    assert_eq!(run(&mut sim, NOW + 4_000, &["PTTL", "{k}"]), int(10000));
+}

@@ -1,7 +1,8 @@
 -- acquire_plain(R, token, ttl ms, holder, S) → code, age, ms: one attempt on a store with neither a queue nor
 -- fencing tokens (each server of a Redlock group, whose fencing is refused and whose waiters poll):
 -- GRANTED, age, ttl: the lock was free, or already this token's (a resent attempt), and is now the token's for
---   ttl from now;
+--   at least ttl from now (a resent attempt never shortens a lease: the client may have renewed or extended it
+--   meanwhile, and counts on that lease, see redlock/round.rs);
 -- BUSY, 0, its PTTL: another grant holds it.
 -- The record is the one record.lua describes, with fence 0 and the server's clock as <granted> (a release
 -- deletes it: free.lua); no last token and no queue are read or written, which is what makes this cheaper
@@ -30,7 +31,9 @@ local function acquire_plain(R, token, ttl, holder, S)
   end
   local v = redis.call('get', R)
   if string.sub(v, 1, TOKEN_END) == token then
-    redis.call('pexpire', R, ttl)
+    if redis.call('pttl', R) < tonumber(ttl) then
+      redis.call('pexpire', R, ttl)
+    end
     return GRANTED, state_age(S), ttl
   end
   -- Freed by a store with tokens on the same server (record.lua): free here too.
