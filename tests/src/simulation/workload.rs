@@ -89,7 +89,8 @@ pub async fn workload(sim: Sim) {
 /// longest anything left over can keep it — a crashed client's lock (its lease, `MAX_LEASE`) or its place in
 /// a queue, a `min_hold`, a restarted Redlock server's wait of one ttl — and a server clock stepped back
 /// lengthens that. A request that is never served, or gives up too soon, breaks no safety rule; this is what
-/// catches it.
+/// catches it. Each guard is then held for [`CALM_HOLD`], several leases, and must still be held and release
+/// `Released`: a lock lost while nothing fails is lost for nothing, which no safety rule catches either.
 async fn served_once_calm(sim: &Sim, handles: &[Client], keys: u64, shut: Option<usize>) {
     let stepped_back = sim.calm().await;
     let live: Vec<usize> = (0..handles.len()).filter(|&c| Some(c) != shut && !sim.crashed(c)).collect();
@@ -101,13 +102,8 @@ async fn served_once_calm(sim: &Sim, handles: &[Client], keys: u64, shut: Option
         let c = live[k as usize % live.len()];
         let key = format!("k{k}");
         sim.trace(|| format!("c{c} liveness: {key} requested"));
-        match handles[c].lock(&key).ttl(Duration::from_secs(1)).wait(wait).acquire().await {
-            Ok(guard) if !guard.is_lost() => {
-                if let Err(e) = guard.release().await {
-                    sim.violation(format!("c{c} liveness: releasing {key} once calm failed: {e}"));
-                }
-            }
-            Ok(_) => sim.violation(format!("c{c} liveness: {key}'s guard read lost once calm")),
+        match handles[c].lock(&key).ttl(CALM_TTL).wait(wait).acquire().await {
+            Ok(guard) => held_once_calm(sim, guard, &format!("c{c} liveness: {key}")).await,
             Err(e) => sim.violation(format!("c{c} liveness: {key} not served within {wait:?} once calm: {e}")),
         }
     }
@@ -116,17 +112,32 @@ async fn served_once_calm(sim: &Sim, handles: &[Client], keys: u64, shut: Option
         let c = live[keys as usize % live.len()];
         let all: Vec<String> = (0..keys).map(|k| format!("k{k}")).collect();
         sim.trace(|| format!("c{c} liveness: {all:?} requested together"));
-        match handles[c].lock_all(all).ttl(Duration::from_secs(1)).wait(wait).acquire().await {
-            Ok(guard) if !guard.is_lost() => {
-                if let Err(e) = guard.release().await {
-                    sim.violation(format!("c{c} liveness: releasing every key once calm failed: {e}"));
-                }
-            }
-            Ok(_) => sim.violation(format!("c{c} liveness: the guard of every key read lost once calm")),
+        match handles[c].lock_all(all).ttl(CALM_TTL).wait(wait).acquire().await {
+            Ok(guard) => held_once_calm(sim, guard, &format!("c{c} liveness: every key")).await,
             Err(e) => {
                 sim.violation(format!("c{c} liveness: every key at once not served within {wait:?} once calm: {e}"))
             }
         }
+    }
+}
+
+/// The lease of the requests made once calm.
+const CALM_TTL: Duration = Duration::from_secs(1);
+
+/// How long a guard served once calm is held: three leases, kept only by renewals.
+const CALM_HOLD: Duration = Duration::from_secs(3);
+
+/// Holds `guard` for [`CALM_HOLD`]: it must stay held throughout and release `Released`.
+async fn held_once_calm(sim: &Sim, guard: LockGuard, what: &str) {
+    sleep(CALM_HOLD).await;
+    // Once lost, a guard reads lost for good.
+    if guard.is_lost() {
+        return sim.violation(format!("{what}: the guard was lost while held once calm"));
+    }
+    match guard.release().await {
+        Ok(distlock::ReleaseOutcome::Released) => {}
+        Ok(other) => sim.violation(format!("{what}: released once calm as {other:?}")),
+        Err(e) => sim.violation(format!("{what}: releasing once calm failed: {e}")),
     }
 }
 
