@@ -173,14 +173,14 @@ impl Store for RedlockBackend {
         let start = Instant::now();
         let (verdict, told) = watch::channel(Verdict::Pending);
         let (keys_shared, metadata): (Arc<LockKeys>, Arc<str>) = (Arc::new(keys.clone()), metadata.into());
-        // This round's calls, to be marked kept if it succeeds (fan_out calls the closure before it returns).
+        // This round's calls' flags, set if it succeeds (fan_out calls the closure before it returns).
         let began = std::cell::RefCell::new(Vec::new());
         let mut rx = self.fan_out(|server, tx, i| {
             let (keys, token, metadata, mut told) =
                 (Arc::clone(&keys_shared), token.clone(), metadata.clone(), told.clone());
             let under_way = self.unfinished.begin(i, &token);
             if let Some(call) = &under_way {
-                began.borrow_mut().push(call.id());
+                began.borrow_mut().push(call.kept());
             }
             async move {
                 let Some(_under_way) = under_way else {
@@ -232,7 +232,7 @@ impl Store for RedlockBackend {
             if let Some(lease) = quorum_lease(start, Instant::now(), &leases) {
                 self.live.enter(token, &metadata);
                 // Before the caller can renew: its calls still under way give nothing back, so a renewal there counts.
-                self.unfinished.keep(token, &began.into_inner());
+                began.into_inner().iter().for_each(|kept| kept.store(true, std::sync::atomic::Ordering::Release));
                 let _ = verdict.send(Verdict::Keep);
                 return Ok(Attempt::Granted(Hold { fence: NO_FENCE, lease }));
             }

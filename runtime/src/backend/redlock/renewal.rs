@@ -108,7 +108,7 @@ impl RedlockBackend {
                 // renewal: a record renewed there then is one more server holding the lock, not one that
                 // counts (found by the simulation: redlock seed 3550). Looked at before the renewal is sent: a
                 // give-back over before then was applied before it. A call of the round that succeeded gives
-                // nothing back (`keep`), however late its grant: counting no server whose call was under way
+                // nothing back (`UnderWay::kept`), however late its grant: counting no server whose call was under way
                 // lost a lock renewed right after its acquire (CI: the round's calls had not yet seen it succeed).
                 let giving_back: Vec<bool> = owned.iter().map(|(_, token, _)| unfinished.may_give_back(i, token)).collect();
                 let work = async {

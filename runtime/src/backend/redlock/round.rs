@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -30,7 +30,7 @@ pub(super) type Reply<T> = (usize, Result<T, LockError>);
 /// take that reaches the server late cannot land after the release and stay for a lease.
 ///
 /// A call of a round that succeeded gives nothing back: the round marks its calls kept
-/// ([`keep`](Self::keep)) before it returns, so that a renewal counts a server whose grant is still on its way
+/// ([`UnderWay::kept`]) before it returns, so that a renewal counts a server whose grant is still on its way
 /// ([`may_give_back`](Self::may_give_back)). That grant either lands before the renewal, which then renews the
 /// token's record, or after it (sent again as EVAL, or after a reconnect), and the renewal found no record
 /// there and counts nothing; an attempt that lands twice never shortens the lease the renewal set
@@ -41,54 +41,28 @@ pub(super) struct Unfinished(Arc<Calls>);
 /// The calls under way, and a wake-up for whoever waits for one to be over.
 #[derive(Default)]
 pub(super) struct Calls {
-    under_way: Mutex<HashMap<(usize, LockToken), Call>>,
-    next_id: AtomicU64,
+    /// Each call's flag: set once its round kept its grants.
+    under_way: Mutex<HashMap<(usize, LockToken), Arc<AtomicBool>>>,
     over: Notify,
-}
-
-/// One call under way: which one (a later call on the same server and token is another), and whether its
-/// round kept its grants.
-struct Call {
-    id: u64,
-    kept: bool,
-}
-
-/// Names a call under way, for [`Unfinished::keep`].
-#[derive(Debug, Clone, Copy)]
-pub(super) struct CallId {
-    server: usize,
-    id: u64,
 }
 
 impl Unfinished {
     /// Marks server `i`'s call for `token` under way, unless one already is.
     pub(super) fn begin(&self, i: usize, token: &LockToken) -> Option<UnderWay> {
         let entry = (i, token.clone());
-        let id = self.0.next_id.fetch_add(1, Ordering::Relaxed);
+        let kept = Arc::new(AtomicBool::new(false));
         let mut set = self.set();
         if set.contains_key(&entry) {
             return None;
         }
-        set.insert(entry.clone(), Call { id, kept: false });
-        Some(UnderWay { set: self.clone(), entry, id })
+        set.insert(entry.clone(), Arc::clone(&kept));
+        Some(UnderWay { set: self.clone(), entry, kept })
     }
 
     /// Whether a call for `token` is under way on server `i` that may yet give back a grant: one whose round
     /// did not keep its grants.
     pub(super) fn may_give_back(&self, i: usize, token: &LockToken) -> bool {
-        self.set().get(&(i, token.clone())).is_some_and(|call| !call.kept)
-    }
-
-    /// Marks `calls` (of a round that succeeded) as giving nothing back, those still under way.
-    pub(super) fn keep(&self, token: &LockToken, calls: &[CallId]) {
-        let mut set = self.set();
-        for call in calls {
-            if let Some(under_way) = set.get_mut(&(call.server, token.clone())) {
-                if under_way.id == call.id {
-                    under_way.kept = true;
-                }
-            }
-        }
+        self.set().get(&(i, token.clone())).is_some_and(|kept| !kept.load(Ordering::Acquire))
     }
 
     /// Once no call for `token` is under way on server `i` (at once, mostly).
@@ -105,7 +79,7 @@ impl Unfinished {
         }
     }
 
-    fn set(&self) -> MutexGuard<'_, HashMap<(usize, LockToken), Call>> {
+    fn set(&self) -> MutexGuard<'_, HashMap<(usize, LockToken), Arc<AtomicBool>>> {
         self.0.under_way.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -114,12 +88,13 @@ impl Unfinished {
 pub(super) struct UnderWay {
     set: Unfinished,
     entry: (usize, LockToken),
-    id: u64,
+    kept: Arc<AtomicBool>,
 }
 
 impl UnderWay {
-    pub(super) fn id(&self) -> CallId {
-        CallId { server: self.entry.0, id: self.id }
+    /// The flag by which this call's round, if it succeeds, says the call gives nothing back.
+    pub(super) fn kept(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.kept)
     }
 }
 
