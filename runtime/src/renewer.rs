@@ -266,9 +266,12 @@ async fn expire(grant: Arc<Grant>, valid_until: Instant) {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::Ordering;
+    use std::sync::Arc;
     use std::time::Duration;
 
-    use crate::Client;
+    use tokio::time::Instant;
+
+    use crate::{Client, LossReason};
 
     /// One task taking and releasing a lock in a loop: each new grant is due after the one the scheduler
     /// already sleeps for, so it is not woken for it (callgrind: about 1.1k of the client's ~50k instructions
@@ -333,6 +336,47 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert_eq!(shared.strong_count(), 0, "the scheduler task outlived its client");
+    }
+
+    /// A loss marked while a renewal is in flight (shutdown's at the end of its grace, which then waits for the
+    /// renewal to come back before it releases) is final: the renewal's reply, though it says renewed in time,
+    /// neither clears it nor moves the deadline past now again. (The mutation report's line 232, `||` -> `&&`:
+    /// the reply revived the lease, and the guard's deadline lay 30 s ahead of a lost lock.)
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_renewal_s_reply_does_not_revive_a_lease_lost_while_it_was_in_flight() {
+        let client = Client::builder().memory().build().await.expect("client");
+        let guard = client.lock("k").ttl(Duration::from_secs(30)).acquire().await.expect("acquire");
+        let grants = guard.grants();
+        let grant = &grants[0];
+        // What the scheduler does for a due grant, then the loss lands before the store answers.
+        let sent = Instant::now();
+        let ticket = grant.begin_renewal().expect("no renewal in flight yet");
+        let lease = grant.lower_for(grant.lease().ttl, sent);
+        grant.mark_lost(LossReason::ShutDown);
+        let renewer = Arc::downgrade(&client.inner.renewer.shared);
+        super::renew_round(vec![(grant, lease, ticket)], sent, &renewer).await;
+        let after = grant.lease();
+        assert!(after.lost, "a renewal's reply cleared a loss marked while it was in flight");
+        assert_eq!(after.why, Some(LossReason::ShutDown), "the loss's reason changed");
+        assert!(guard.is_lost(), "the guard reads as held after its loss");
+        assert!(guard.deadline() <= Instant::now(), "the lost guard's deadline lies in the future again");
+        drop(guard);
+    }
+
+    /// A lock whose `max_hold` has stopped its renewals is marked lost (and so reported: the WARN, the metric)
+    /// when its lease runs out, also while its holder never looks at the guard. (The mutation report's
+    /// `expire` -> `()` and its `delete !`: the guard read lost by the clock alone, and nothing said so.)
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn max_hold_s_end_is_marked_lost_when_the_lease_runs_out_unwatched() {
+        let client = Client::builder().memory().build().await.expect("client");
+        let ttl = Duration::from_millis(300);
+        let guard = client.lock("k").ttl(ttl).max_hold(Duration::from_millis(100)).acquire().await.expect("acquire");
+        let grants = guard.grants();
+        tokio::time::sleep(ttl * 3).await;
+        let lease = grants[0].lease();
+        assert!(lease.lost, "the lease ran out after max_hold and nothing marked the grant lost");
+        assert_eq!(lease.why, Some(LossReason::MaxHold), "the loss's reason");
+        drop(guard);
     }
 
     /// Two grants due at the same instant (one ttl, taken in one instant) each keep their own queue entry,

@@ -448,7 +448,9 @@ mod tests {
 
     use tokio::time::Instant;
 
-    use super::{quorum_lease, quorum_remaining};
+    use super::{quorum_lease, quorum_remaining, Live, RedlockBackend, Unfinished};
+    use crate::backend::{LockKeys, Store};
+    use crate::LockToken;
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -464,6 +466,25 @@ mod tests {
         assert_eq!(quorum_lease(start, start + ms(988), &[ms(1000)]), None);
         assert_eq!(quorum_lease(start, start + ms(500), &[ms(1000), ms(400)]), None);
         assert_eq!(quorum_lease(start, start, &[]), None);
+    }
+
+    /// A release forgets the lock it gives back: `Live` holds only the locks still held, so the client's
+    /// memory does not grow with every lock it ever took (the mutation report's `Live::leave` -> `()`). No
+    /// server is needed: the token is forgotten before any is asked, whatever they answer.
+    #[tokio::test]
+    async fn a_release_forgets_the_lock_it_gives_back() {
+        let backend = RedlockBackend {
+            servers: Vec::new(),
+            unfinished: Unfinished::default(),
+            live: Live::default(),
+            names: "none".into(),
+            response: ms(100),
+        };
+        let (keys, token) = (LockKeys::new("t:", "k".to_owned()), LockToken::random());
+        backend.live.enter(&token, "meta");
+        assert!(backend.live.is_held(&token));
+        let _no_quorum_of_no_servers = backend.release(&keys, &token, None, None).await;
+        assert!(!backend.live.is_held(&token), "a released lock stays among the held ones");
     }
 
     #[test]

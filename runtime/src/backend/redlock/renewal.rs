@@ -75,6 +75,11 @@ impl Live {
         self.map().get(token).map(|m| m.clone().unwrap_or_else(|| "".into()))
     }
 
+    #[cfg(test)]
+    pub(super) fn is_held(&self, token: &LockToken) -> bool {
+        self.map().contains_key(token)
+    }
+
     fn map(&self) -> MutexGuard<'_, HashMap<LockToken, Option<Arc<str>>>> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
