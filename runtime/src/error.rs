@@ -1,6 +1,7 @@
 //! The one error type of the crate, and URL redaction for messages.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::{LockInfo, LossReason};
@@ -205,30 +206,70 @@ fn not_replicated(key: &str, acknowledged: u32, required: u32) -> String {
     )
 }
 
+/// What kind of failure a [`BackendError`] is: whether trying again later may help.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// // Nothing listens on port 1: the server cannot be reached.
+/// let built = distlock::Client::builder().redis("redis://127.0.0.1:1/").build().await;
+/// match built {
+///     Err(distlock::LockError::Backend(e)) => assert_eq!(e.kind(), distlock::BackendErrorKind::Unreachable),
+///     other => panic!("expected a backend error, got {other:?}"),
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendErrorKind {
+    /// The server could not be reached, or the connection to it dropped: trying again later may succeed.
+    Unreachable,
+    /// The server did not answer within the response timeout: trying again later may succeed.
+    Timeout,
+    /// The server answered with an error (a password, a permission, a setting, a value distlock did not write):
+    /// trying again does not help until its cause, which the message names, is fixed.
+    Refused,
+    /// The server's answer was not one distlock understands (another program on that port, or a server too
+    /// old or too new).
+    Protocol,
+}
+
 /// A failed or timed-out call to the backend, with the lock and server it concerned and what to do about it.
 ///
 /// Its message holds the server's own error text; it has no further [`source`](std::error::Error::source), so
 /// a printer of the whole chain (anyhow's `{:#}`) shows each cause once.
 #[derive(Clone)]
 pub struct BackendError {
+    /// The store's name in messages ("redis").
+    store: &'static str,
     key: Option<String>,
     server: String,
+    kind: BackendErrorKind,
     hint: String,
-    source: redis::RedisError,
+    /// The store client's own error (shared: a Redlock round hands one failure to several callers).
+    source: Arc<dyn std::error::Error + Send + Sync>,
 }
 
 /// The forms of Redis URL the client accepts, for messages.
 pub(crate) const URL_FORMS: &str = "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], rediss://… (TLS, distlock's `tls` feature) or redis+unix:///PATH/TO/SOCKET[?db=DB]";
 
 impl BackendError {
-    pub(crate) fn new(server: &str, key: Option<&str>, source: redis::RedisError) -> Self {
-        let hint = hint_for(&source, server);
-        Self { key: key.map(str::to_owned), server: server.to_owned(), hint, source }
+    /// A call by the `store` client (its name in messages) to `server` (password redacted) failed with
+    /// `source`, of `kind`; `hint` says what to do about it.
+    pub(crate) fn new(
+        store: &'static str,
+        server: &str,
+        kind: BackendErrorKind,
+        hint: String,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        let source = Arc::from(source.into());
+        Self { store, key: None, server: server.to_owned(), kind, hint, source }
     }
 
-    /// As [`new`](Self::new), with the hint given (when the caller knows more than the error says).
-    pub(crate) fn with_hint(server: &str, hint: String, source: redis::RedisError) -> Self {
-        Self { key: None, server: server.to_owned(), hint, source }
+    /// The same error, about the lock `key`.
+    pub(crate) fn for_key(mut self, key: Option<&str>) -> Self {
+        self.key = key.map(str::to_owned);
+        self
     }
 
     /// Adds `note` to the hint (what a caller knows about the failure that the server's error does not say).
@@ -247,61 +288,20 @@ impl BackendError {
         &self.server
     }
 
+    /// What kind of failure this is.
+    pub fn kind(&self) -> BackendErrorKind {
+        self.kind
+    }
+
     /// Whether the call ran out of time rather than failing outright.
     pub fn is_timeout(&self) -> bool {
-        self.source.is_timeout()
+        self.kind == BackendErrorKind::Timeout
     }
 
     /// Whether retrying later may succeed: a timeout or a lost connection, not a refusal by the server.
     pub(crate) fn is_transient(&self) -> bool {
-        self.source.is_timeout()
-            || self.source.is_connection_refusal()
-            || self.source.is_io_error()
-            || self.source.is_connection_dropped()
+        matches!(self.kind, BackendErrorKind::Timeout | BackendErrorKind::Unreachable)
     }
-}
-
-/// How a Sentinel store names itself in messages: "service `<name>` via sentinels <urls>".
-pub(crate) const SENTINEL_SERVICE: &str = "service `";
-
-/// Whether `server` (a redacted URL) is a unix socket's, whose password goes in the query, not the userinfo.
-fn is_socket(server: &str) -> bool {
-    server.starts_with("redis+unix://") || server.starts_with("unix://")
-}
-
-pub(crate) fn is_auth_error(e: &redis::RedisError) -> bool {
-    e.code() == Some("NOAUTH")
-        || e.code() == Some("WRONGPASS")
-        || e.to_string().contains("NOAUTH")
-        || matches!(e.kind(), redis::ErrorKind::AuthenticationFailed)
-}
-
-/// What to do about `e`, a failure talking to `server`.
-fn hint_for(e: &redis::RedisError, server: &str) -> String {
-    let hint = if e.is_timeout() {
-        "the server did not answer within the response timeout: check that it is up and not overloaded, or raise ClientBuilder::response_timeout"
-    } else if e.is_connection_refusal() || e.is_io_error() {
-        "could not reach the server: check that redis-server is running and the URL (host, port, TLS) is right"
-    } else if server.starts_with(SENTINEL_SERVICE) && is_auth_error(e) {
-        "the primary or the sentinels require a password (or refused the one given): give the sentinels' in their URLs (redis://:PASSWORD@HOST:PORT/), the primary's with ClientBuilder::sentinel_primary_password"
-    } else if is_socket(server) && is_auth_error(e) {
-        "the server requires a password, or refused the one given: give it in the socket URL's query, redis+unix:///PATH/TO/SOCKET?pass=PASSWORD (and &user=USER for an ACL user), special characters percent-encoded"
-    } else if e.code() == Some("NOAUTH") || e.to_string().contains("NOAUTH") {
-        "the server requires a password: give it in the URL, redis://:PASSWORD@HOST:PORT/ (the default user) or redis://USER:PASSWORD@HOST:PORT/ (an ACL user), with special characters percent-encoded"
-    } else if matches!(e.kind(), redis::ErrorKind::AuthenticationFailed) || e.code() == Some("WRONGPASS") {
-        if server.contains('@') {
-            "the server refused the user name or password in the URL: check them (redis://:PASSWORD@HOST/ for the default user, redis://USER:PASSWORD@HOST/ for an ACL user, special characters percent-encoded)"
-        } else {
-            "the server requires a password: give it in the URL, redis://:PASSWORD@HOST:PORT/ (the default user) or redis://USER:PASSWORD@HOST:PORT/ (an ACL user)"
-        }
-    } else if is_foreign(e) {
-        "the lock's key holds a value distlock did not write (another program's data under distlock's key prefix): delete it (Client::force_unlock deletes it, as does `distlock release`), or give distlock a key prefix of its own (ClientBuilder::key_prefix)"
-    } else if is_permission_error(e) {
-        "the Redis user lacks a permission (NOPERM): grant the ACL rights of the README's least-privilege user (EVALSHA and the commands its scripts call, on the key prefix; SUBSCRIBE, or on a cluster SSUBSCRIBE, on its channels)"
-    } else {
-        "the server refused the command: if other programs write keys under this client's prefix, give distlock a key prefix of its own (ClientBuilder::key_prefix); check the user's ACL rights (see the README's least-privilege user)"
-    };
-    hint.to_owned()
 }
 
 impl fmt::Display for BackendError {
@@ -311,8 +311,10 @@ impl fmt::Display for BackendError {
         let source = self.source.to_string();
         let source = mask_tokens(&source);
         match &self.key {
-            Some(key) => write!(f, "redis call for lock `{key}` at {} failed: {source}; {}", self.server, self.hint),
-            None => write!(f, "redis at {} failed: {source}; {}", self.server, self.hint),
+            Some(key) => {
+                write!(f, "{} call for lock `{key}` at {} failed: {source}; {}", self.store, self.server, self.hint)
+            }
+            None => write!(f, "{} at {} failed: {source}; {}", self.store, self.server, self.hint),
         }
     }
 }
@@ -322,6 +324,7 @@ impl fmt::Debug for BackendError {
         f.debug_struct("BackendError")
             .field("key", &self.key)
             .field("server", &self.server)
+            .field("kind", &self.kind)
             .field("hint", &self.hint)
             .field("source", &mask_tokens(&format!("{:?}", self.source)))
             .finish()
@@ -359,22 +362,6 @@ pub(crate) fn mask_tokens(text: &str) -> std::borrow::Cow<'_, str> {
 // The server's error is part of the message, so it is not also a `source` (thiserror's convention: a cause is
 // either in the message or in the chain, never both).
 impl std::error::Error for BackendError {}
-
-/// A value at a lock's key that distlock did not write: the scripts' FOREIGN error, or WRONGTYPE (not a string).
-fn is_foreign(e: &redis::RedisError) -> bool {
-    matches!(e.code(), Some("FOREIGN" | "WRONGTYPE")) || {
-        let text = e.to_string();
-        text.contains("FOREIGN the value at") || text.contains("WRONGTYPE")
-    }
-}
-
-/// NOPERM, also when a command inside a script was refused (Redis reports that as a plain script error).
-fn is_permission_error(e: &redis::RedisError) -> bool {
-    matches!(e.kind(), redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)) || {
-        let text = e.to_string();
-        text.contains("NOPERM") || text.contains("can't run this command") || text.contains("no permissions")
-    }
-}
 
 /// A URL as messages may show it, with every password hidden, whatever its form and however it was typed:
 /// - everything before the URL's last `@` after `scheme://` may be a password (one holding an unencoded `@`,

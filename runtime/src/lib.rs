@@ -208,7 +208,7 @@ pub mod simulation;
 
 pub use client::{current_client, install, with_client, Client, ClientBuilder, LockInfo};
 pub use distlock_macros::distributed_lock;
-pub use error::{BackendError, LockError};
+pub use error::{BackendError, BackendErrorKind, LockError};
 pub use guard::{current_lock, LockGuard, ReleaseOutcome};
 pub use listing::{LockListing, LockWaiter, MAX_WAITERS_LISTED};
 pub use loss::LossReason;

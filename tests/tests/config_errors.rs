@@ -1,7 +1,7 @@
 //! Wrong configurations a new user makes, against a real redis-server with a password: each error says what
 //! is wrong and what to do, never shows the password, and prints each cause once however it is printed.
 
-use distlock::{Client, LockError};
+use distlock::{BackendErrorKind, Client, LockError};
 use distlock_tests::RedisServer;
 
 const PASSWORD: &str = "sesame-7f3a";
@@ -30,6 +30,11 @@ async fn build_error(url: &str) -> LockError {
     }
 }
 
+/// The error is a backend error of `kind`.
+fn assert_kind(e: &LockError, kind: BackendErrorKind) {
+    assert!(matches!(e, LockError::Backend(b) if b.kind() == kind), "expected {kind:?}: {e:?}");
+}
+
 /// The chain holds `needle` once and never the password or a wrong one.
 fn assert_says(e: &LockError, needles: &[&str], secret: &str) {
     let text = chain(e);
@@ -51,6 +56,7 @@ async fn a_server_that_needs_a_password_says_how_to_give_it() {
     let e = build_error(&server.url()).await;
     assert_says(&e, &["requires a password", "redis://:PASSWORD@", "redis://USER:PASSWORD@"], PASSWORD);
     assert!(!e.is_transient() && !e.is_busy());
+    assert_kind(&e, BackendErrorKind::Refused);
 }
 
 #[tokio::test]
@@ -62,6 +68,7 @@ async fn a_wrong_password_or_user_says_which_part_to_check() {
     ] {
         let e = build_error(&url).await;
         assert_says(&e, &["refused the user name or password", "redis://USER:PASSWORD@", ":***@"], "wrong-pw");
+        assert_kind(&e, BackendErrorKind::Refused);
     }
     // The right one works.
     let url = format!("redis://:{PASSWORD}@127.0.0.1:{}/", server.port());
@@ -93,4 +100,5 @@ async fn a_refused_connection_is_transient_and_says_so() {
     let e = build_error(&format!("redis://:{PASSWORD}@127.0.0.1:{port}/")).await;
     assert_says(&e, &["could not reach the server", "is running"], PASSWORD);
     assert!(e.is_transient(), "a refused connection may succeed later: {e:?}");
+    assert_kind(&e, BackendErrorKind::Unreachable);
 }

@@ -38,6 +38,7 @@ fn assert_connect_timeout(
         Err(other) => panic!("{what}: expected a backend timeout, got {other:?}"),
     };
     assert!(error.is_timeout(), "{what}: not a timeout: {error}");
+    assert_eq!(error.kind(), distlock::BackendErrorKind::Timeout, "{what}");
     let message = error.to_string();
     assert!(message.contains(&format!("connect timeout ({timeout:?})")), "{what}: {message}");
     assert!(message.contains(server), "{what}: {server} is not named: {message}");

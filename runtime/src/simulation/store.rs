@@ -17,7 +17,7 @@ use super::{short, Tokens, World};
 use crate::backend::{
     Announcement, Attempt, Capabilities, Hold, LockKeys, MemoryBackend, Place, Queueing, ReleaseWatch, ScanState, Store,
 };
-use crate::error::BackendError;
+use crate::error::{BackendError, BackendErrorKind};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 tokio::task_local! {
@@ -203,8 +203,11 @@ fn shown<T: Debug>(out: &Result<T, LockError>) -> String {
 }
 
 fn timed_out(key: &str) -> LockError {
-    let source = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
-    LockError::Backend(BackendError::new("sim://store", Some(key), source))
+    let source = std::io::Error::from(std::io::ErrorKind::TimedOut);
+    let hint = "the simulated store did not answer in time".to_owned();
+    LockError::Backend(
+        BackendError::new("simulated store", "sim://store", BackendErrorKind::Timeout, hint, source).for_key(Some(key)),
+    )
 }
 
 impl SimStore {

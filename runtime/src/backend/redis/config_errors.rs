@@ -3,6 +3,7 @@
 
 use redis::ConnectionInfo;
 
+use super::errors::redis_error_with_hint;
 use super::Timeouts;
 use crate::error::{BackendError, URL_FORMS};
 use crate::LockError;
@@ -55,7 +56,7 @@ pub(super) async fn database_error(
         Some(n) => format!("the server has `databases {n}`, so the index must be 0 to {}", n.saturating_sub(1)),
         None => "the index must be below the server's `databases` setting (16 by default)".to_owned(),
     };
-    BackendError::with_hint(
+    redis_error_with_hint(
         server,
         format!("database {db} does not exist on this server: {setting}; change the /DB at the end of the URL"),
         e,

@@ -12,12 +12,13 @@ use redis::{IntoConnectionInfo, ProtocolVersion};
 use super::batch::Coalescer;
 use super::cluster_nodes::{NodeMap, PerNode};
 use super::config_errors::{database_error, url_error};
+use super::errors::{is_auth_error, redis_error, redis_error_with_hint, SENTINEL_SERVICE};
 use super::link::{self, Conn, Epoch, Link, Rebuilding};
 use super::scripts::{self, ACQUIRE_PLAIN, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY};
 use super::subscriber::Subscriber;
 use super::{timeout_error, ConnectSettings, Hot, RedisBackend, Timeouts};
 use crate::backend::{Attempt, LockKeys, Queueing, Store};
-use crate::error::{is_auth_error, redact_url, BackendError, SENTINEL_SERVICE};
+use crate::error::{redact_url, BackendError};
 use crate::{LockError, LockToken};
 
 impl RedisBackend {
@@ -37,7 +38,7 @@ impl RedisBackend {
             Err(e) => return Err(connect_error(&server, timeouts, e).into()),
         };
         let pong: String =
-            redis::cmd("PING").query_async(&mut commands).await.map_err(|e| BackendError::new(&server, None, e))?;
+            redis::cmd("PING").query_async(&mut commands).await.map_err(|e| redis_error(&server, None, e))?;
         debug_assert_eq!(pong, "PONG");
         let resp3 = info.clone().set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
         let epoch = Epoch::default();
@@ -74,10 +75,10 @@ impl RedisBackend {
         let limit = timeouts.connect * 2;
         let conn = match tokio::time::timeout(limit, client.get_async_connection()).await {
             Ok(Ok(conn)) => conn,
-            Ok(Err(e)) if !timed_out(&e) => return Err(BackendError::new(&server, None, e).into()),
+            Ok(Err(e)) if !timed_out(&e) => return Err(redis_error(&server, None, e).into()),
             _ => {
                 return Err(
-                    BackendError::with_hint(&server, cluster_timed_out(timeouts), timeout_error("timed out")).into()
+                    redis_error_with_hint(&server, cluster_timed_out(timeouts), timeout_error("timed out")).into()
                 )
             }
         };
@@ -143,15 +144,15 @@ impl RedisBackend {
             }
             // Before the connect timeout, only the redis crate's own connections time out (the primary's is bounded
             // by the same timeout, started later).
-            Err(e) if timed_out(&e) => return Err(BackendError::with_hint(&server, SENTINELS_SILENT.into(), e).into()),
+            Err(e) if timed_out(&e) => return Err(redis_error_with_hint(&server, SENTINELS_SILENT.into(), e).into()),
             Err(e) if is_auth_error(&e) => {
                 let hint = match sentinels_refuse(&infos, timeouts).await {
                     true => SENTINELS_REFUSE,
                     false => PRIMARY_REFUSES,
                 };
-                return Err(BackendError::with_hint(&server, hint.into(), e).into());
+                return Err(redis_error_with_hint(&server, hint.into(), e).into());
             }
-            Err(e) => return Err(BackendError::new(&server, None, e).into()),
+            Err(e) => return Err(redis_error(&server, None, e).into()),
             Ok(conn) => conn,
         };
         let link =
@@ -284,7 +285,7 @@ pub(super) async fn bounded_connect<T>(
 fn connect_error(server: &str, timeouts: Timeouts, e: redis::RedisError) -> BackendError {
     match timed_out(&e) {
         true => connect_timed_out(server, timeouts),
-        false => BackendError::new(server, None, e),
+        false => redis_error(server, None, e),
     }
 }
 
@@ -334,7 +335,7 @@ fn connect_timed_out(server: &str, timeouts: Timeouts) -> BackendError {
          and not overloaded, or raise ClientBuilder::connect_timeout",
         timeouts.connect
     );
-    BackendError::with_hint(server, hint, timeout_error("timed out"))
+    redis_error_with_hint(server, hint, timeout_error("timed out"))
 }
 
 /// What to do when a cluster's nodes did not answer.

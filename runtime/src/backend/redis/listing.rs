@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use redis::Cmd;
 
+use super::errors::redis_error;
 use super::scripts::record::{self, split_holder};
 use super::scripts::WAITERS;
 use super::{unexpected_reply, RedisBackend};
 use crate::backend::{LockKeys, Place, ScanState};
-use crate::error::BackendError;
 use crate::LockError;
 
 impl RedisBackend {
@@ -21,7 +21,7 @@ impl RedisBackend {
         pattern: &str,
         count: usize,
     ) -> Result<Vec<String>, LockError> {
-        let failed = |e| LockError::from(BackendError::new(&self.server, None, e));
+        let failed = |e| LockError::from(redis_error(&self.server, None, e));
         if scan.nodes.is_none() {
             scan.nodes = Some(self.commands.cluster_primaries().await.map_err(failed)?.unwrap_or_default());
         }

@@ -8,9 +8,9 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, Value};
 
+use self::errors::redis_error;
 use super::{Attempt, Capabilities, Fencing, Hold, LockKeys, Place, Queueing, ReleaseWatch, Renewal, ScanState};
 use super::{Store, WakeUps};
-use crate::error::BackendError;
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 use self::batch::{Coalescer, Op, Reply};
@@ -24,6 +24,7 @@ mod batch;
 mod cluster_nodes;
 mod config_errors;
 mod connect;
+pub(crate) mod errors;
 mod link;
 mod listing;
 mod multi_key;
@@ -245,7 +246,7 @@ impl RedisBackend {
                 self.server, keys.name
             ));
         }
-        BackendError::new(&self.server, Some(&keys.name), e).into()
+        redis_error(&self.server, Some(&keys.name), e).into()
     }
 
     /// One script call about `keys`'s lock (see [`send_script`]).
@@ -391,7 +392,7 @@ impl Store for RedisBackend {
             pipe
         };
         let mut conn = self.commands.clone();
-        let failed = |e| BackendError::new(&self.server, None, e);
+        let failed = |e| redis_error(&self.server, None, e);
         let epoch = conn.epoch();
         let mut sent = pipeline(false).query_async(&mut conn).await;
         if sent.as_ref().is_err_and(redis::RedisError::is_connection_dropped) {

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::errors::redis_error;
 use super::RedisBackend;
 use crate::backend::{Attempt, Hold, LockKeys};
-use crate::error::BackendError;
 use crate::{LockError, LockToken};
 
 impl RedisBackend {
@@ -64,6 +64,6 @@ impl RedisBackend {
     }
 
     fn mark_error(&self, e: redis::RedisError) -> LockError {
-        BackendError::new(&self.server, None, e).into()
+        redis_error(&self.server, None, e).into()
     }
 }

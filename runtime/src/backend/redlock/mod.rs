@@ -25,7 +25,8 @@ use self::restart::Vote;
 use self::round::{count, Unfinished};
 use super::{Attempt, Capabilities, ConnectSettings, Fencing, Hold, LockKeys, Queueing, RedisBackend, ReleaseWatch};
 use super::{Place, Renewal, ScanState, Store, WakeUps};
-use crate::error::{redact_url, BackendError};
+use crate::backend::redis::errors::redis_error_with_hint;
+use crate::error::redact_url;
 
 mod renewal;
 mod restart;
@@ -194,7 +195,7 @@ impl Store for RedlockBackend {
                     let hint = "it sits this round out, so that giving back that attempt's grant cannot delete \
                                 this round's; nothing to do unless it persists, then check the server's health"
                         .to_owned();
-                    let _ = tx.send((i, Err(BackendError::with_hint(server.server(), hint, source).into())));
+                    let _ = tx.send((i, Err(redis_error_with_hint(server.server(), hint, source).into())));
                     return;
                 };
                 let reply = server.acquire_plain(&keys, &token, ttl, &metadata).await.map(|a| Vote::of(a, ttl));
@@ -276,7 +277,7 @@ impl Store for RedlockBackend {
                         "too few servers old enough to vote",
                     ));
                     let hint = "retry once they are a ttl old (a request with a wait does)".to_owned();
-                    LockError::Backend(BackendError::with_hint(&self.names, hint, source).with_note(&note))
+                    LockError::Backend(redis_error_with_hint(&self.names, hint, source).with_note(&note))
                 }
                 other => other,
             });

@@ -31,9 +31,9 @@ use tokio::sync::watch;
 
 use super::round::{clone_error, count_in, Batch};
 use super::RedlockBackend;
+use crate::backend::redis::errors::redis_error;
 use crate::backend::redis::timeout_error;
 use crate::backend::{Attempt, LockKeys, Renewal, Store};
-use crate::error::BackendError;
 use crate::{LockError, LockToken};
 
 /// What one server did about one lock in a renewal round.
@@ -156,7 +156,7 @@ impl RedlockBackend {
                     kept = work => kept,
                     _ = over.wait_for(Option::is_some) => {
                         let late = timeout_error("no answer before the renewal round was over");
-                        Err(BackendError::new(server.server(), None, late).into())
+                        Err(redis_error(server.server(), None, late).into())
                     }
                 };
                 // Where this server may hold a lock for its token: renewed, taken, or unknown.

@@ -11,9 +11,9 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
 use super::RedlockBackend;
+use crate::backend::redis::errors::redis_error;
 use crate::backend::redis::timeout_error;
 use crate::backend::RedisBackend;
-use crate::error::BackendError;
 use crate::{LockError, LockToken};
 
 /// One server's answer in a round: its index and what it replied.
@@ -163,7 +163,7 @@ impl RedlockBackend {
             .map(|(reply, server)| {
                 reply.unwrap_or_else(|| {
                     let silent = timeout_error("no answer within redlock's per-server timeout");
-                    Err(BackendError::new(server.server(), Some(key), silent).into())
+                    Err(redis_error(server.server(), Some(key), silent).into())
                 })
             })
             .collect()
