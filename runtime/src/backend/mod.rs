@@ -135,8 +135,8 @@ pub(crate) enum Announcement {
     Nothing,
     /// Announcements may have been missed (a reconnect): try again now.
     Retry,
-    /// The lock was handed to the waiter whose token starts this `<token>:<fence>:<lease ms>:<attempt>` text.
-    HandedOver(Arc<str>),
+    /// The lock was handed to the waiter whose token is `heir`, as a new grant.
+    HandedOver { heir: Arc<str>, hand_over: HandOver },
 }
 
 /// A hand-over to this waiter, as announced: the grant, and the number of the waiter's attempt whose
@@ -151,20 +151,15 @@ impl Announcement {
     /// A hand-over to `token`, if this announces one: the grant's fencing token and the lease it was given
     /// (counted from the hand-over, a moment the announcement does not tell), and the attempt it answers.
     pub(crate) fn handed_to(&self, token: &LockToken) -> Option<HandOver> {
-        let Self::HandedOver(text) = self else { return None };
-        let mut fields = text.split(':');
-        if fields.next()? != token.as_str() {
-            return None;
+        match self {
+            Self::HandedOver { heir, hand_over } if **heir == *token.as_str() => Some(*hand_over),
+            _ => None,
         }
-        let fence = fields.next()?.parse().ok()?;
-        let lease = Duration::from_millis(fields.next()?.parse().ok()?);
-        let attempt = fields.next()?.parse().ok()?;
-        Some(HandOver { hold: Hold { fence, lease }, attempt })
     }
 
     /// The announcement of a hand-over to `heir`, which used the registration of its attempt `attempt`.
     pub(crate) fn hand_over(heir: &str, hold: Hold, attempt: u64) -> Self {
-        Self::HandedOver(format!("{heir}:{}:{}:{attempt}", hold.fence, hold.lease.as_millis()).into())
+        Self::HandedOver { heir: heir.into(), hand_over: HandOver { hold, attempt } }
     }
 }
 

@@ -15,7 +15,8 @@ use tokio::time::Instant;
 
 use super::{short, Tokens, World};
 use crate::backend::{
-    Announcement, Attempt, Capabilities, Hold, LockKeys, MemoryBackend, Place, Queueing, ReleaseWatch, ScanState, Store,
+    Announcement, Attempt, Capabilities, HandOver, Hold, LockKeys, MemoryBackend, Place, Queueing, ReleaseWatch,
+    ScanState, Store,
 };
 use crate::error::{BackendError, BackendErrorKind};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
@@ -294,9 +295,9 @@ impl SimStore {
 /// An announcement as the trace shows it (the heir's token shortened).
 fn announced(announcement: &Announcement) -> String {
     match announcement {
-        Announcement::HandedOver(text) => {
-            let (heir, rest) = text.split_once(':').unwrap_or((text, ""));
-            format!("handed over to {} ({rest})", short(heir))
+        Announcement::HandedOver { heir, hand_over } => {
+            let HandOver { hold, attempt } = hand_over;
+            format!("handed over to {} ({}:{}:{attempt})", short(heir), hold.fence, hold.lease.as_millis())
         }
         other => format!("{other:?}"),
     }

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use super::connect::manager_config;
 use super::link::{Conn, Epoch, Link};
 use super::{timeout_error, Timeouts};
-use crate::backend::{Announcement, ReleaseWatch, WAKE_ALL};
+use crate::backend::{Announcement, Hold, ReleaseWatch, WAKE_ALL};
 use crate::LockToken;
 
 /// The shared subscriber: one RESP3 connection per client, opened on the first wait, carrying the
@@ -110,9 +110,10 @@ impl Subscriber {
                                 tx.send_replace(Announcement::Retry);
                             }
                         } else {
-                            let heir = text.split(':').next().unwrap_or_default();
-                            if let Some(tx) = waiters.and_then(|w| w.get(heir)) {
-                                tx.send_replace(Announcement::HandedOver(text.as_ref().into()));
+                            let announced = hand_over_of(&text);
+                            let heard = announced.and_then(|(heir, a)| Some((waiters?.get(heir)?, heir, a)));
+                            if let Some((tx, heir, (hold, attempt))) = heard {
+                                tx.send_replace(Announcement::hand_over(heir, hold, attempt));
                             }
                         }
                     }
@@ -304,6 +305,17 @@ impl Resubscribe {
     }
 }
 
+/// A hand-over as `hand_over.lua` announces it, `<heir's token>:<fence>:<lease ms>:<attempt>`: the heir, the
+/// grant it was given, and the number of its attempt whose registration was used. `None` for any other text.
+fn hand_over_of(text: &str) -> Option<(&str, (Hold, u64))> {
+    let mut fields = text.split(':');
+    let heir = fields.next()?;
+    let fence = fields.next()?.parse().ok()?;
+    let lease = std::time::Duration::from_millis(fields.next()?.parse().ok()?);
+    let attempt = fields.next()?.parse().ok()?;
+    Some((heir, (Hold { fence, lease }, attempt)))
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -375,7 +387,8 @@ mod tests {
         );
         let handle = subscriber.push_handler();
         let heir = waiting(&subscriber, "d:{a}:released", "ta", true);
-        handle(push(PushKind::SMessage, "d:{a}:released", Value::BulkString(b"ta:7:100".to_vec()))).unwrap();
-        assert_eq!(*heir.borrow(), Announcement::HandedOver("ta:7:100".into()));
+        handle(push(PushKind::SMessage, "d:{a}:released", Value::BulkString(b"ta:7:100:3".to_vec()))).unwrap();
+        let hold = Hold { fence: 7, lease: Duration::from_millis(100) };
+        assert_eq!(*heir.borrow(), Announcement::hand_over("ta", hold, 3));
     }
 }
