@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::backend::{name_of_record, record_pattern, ScanState, Store};
+use crate::backend::{name_of_record, record_pattern, BackendCursor, Scan, Store};
 use crate::{Client, LockError, LockInfo};
 
 /// How many keys each SCAN step asks a server for: enough that a listing of 100 000 locks takes about 100
@@ -28,7 +28,7 @@ pub const MAX_WAITERS_LISTED: usize = 1000;
 pub struct LockListing {
     client: Client,
     pattern: String,
-    scan: ScanState,
+    scan: Scan<BackendCursor>,
 }
 
 impl LockListing {
@@ -113,7 +113,7 @@ impl Client {
     /// ```
     pub fn list_locks(&self, pattern: &str) -> LockListing {
         let pattern = record_pattern(&self.inner.prefix, pattern);
-        LockListing { client: self.clone(), pattern, scan: ScanState::default() }
+        LockListing { client: self.clone(), pattern, scan: Scan::default() }
     }
 
     /// What the records of the locks `keys` say, in the same order: as [`lock_info`](Self::lock_info) for each,

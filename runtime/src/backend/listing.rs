@@ -4,18 +4,23 @@
 
 use super::escape_into;
 
-/// Where a scan of lock records stands: the server it is on (a cluster's primary, a Redlock member; 0 on one
-/// server) and that server's SCAN cursor.
+/// Where a scan of lock records stands: the store's own `cursor` ([`Store::Cursor`](super::Store::Cursor)),
+/// and what every store reports to the listing.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct ScanState {
-    pub(crate) server: usize,
-    pub(crate) cursor: u64,
-    /// A cluster's primaries (host, port), read when the scan starts.
-    pub(crate) nodes: Option<Vec<(String, u16)>>,
+pub(crate) struct Scan<C> {
+    pub(crate) cursor: C,
+    /// Every record was looked at: the listing is over.
     pub(crate) done: bool,
     /// Keys found under the prefix in a lock's place that distlock did not write (another program's data):
     /// left out, and counted.
     pub(crate) skipped: usize,
+}
+
+impl<C> Scan<C> {
+    /// The same scan with its cursor turned by `f` (a store's own, or the client's enum of them).
+    pub(crate) fn map<D>(self, f: impl FnOnce(C) -> D) -> Scan<D> {
+        Scan { cursor: f(self.cursor), done: self.done, skipped: self.skipped }
+    }
 }
 
 /// A waiter's place, as a store reports it (no token).

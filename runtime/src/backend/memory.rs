@@ -9,8 +9,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{
-    glob_matches, Announcement, Attempt, Capabilities, Fencing, Hold, LockKeys, Place, Queueing, ReleaseWatch,
-    ScanState, Store, WakeUps, FENCE_RETENTION,
+    glob_matches, Announcement, Attempt, Capabilities, Fencing, Hold, LockKeys, Place, Queueing, ReleaseWatch, Scan,
+    Store, WakeUps, FENCE_RETENTION,
 };
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
@@ -240,6 +240,8 @@ impl MemoryBackend {
 }
 
 impl Store for MemoryBackend {
+    type Cursor = ();
+
     fn capabilities(&self) -> Capabilities {
         self.capabilities
     }
@@ -382,7 +384,7 @@ impl Store for MemoryBackend {
 
     /// Every live matching record at once: the store is this process's own, so it holds as many locks as the
     /// process does.
-    async fn scan(&self, scan: &mut ScanState, pattern: &str, _count: usize) -> Result<Vec<String>, LockError> {
+    async fn scan(&self, scan: &mut Scan<()>, pattern: &str, _count: usize) -> Result<Vec<String>, LockError> {
         let now = Instant::now();
         let state = self.state();
         scan.done = true;

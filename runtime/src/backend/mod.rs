@@ -11,7 +11,7 @@ mod store;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) use self::listing::{glob_matches, name_of_record, record_pattern, Place, ScanState};
+pub(crate) use self::listing::{glob_matches, name_of_record, record_pattern, Place, Scan};
 pub(crate) use self::memory::MemoryBackend;
 #[cfg(feature = "simulation")]
 pub(crate) use self::redis::batch_arity;
@@ -228,8 +228,35 @@ macro_rules! dispatch {
     };
 }
 
+/// Where a scan stands, on whichever store this is (the in-process stores need none).
+#[derive(Debug, Default)]
+pub(crate) enum BackendCursor {
+    #[default]
+    Start,
+    Redis(<RedisBackend as Store>::Cursor),
+    Redlock(<RedlockBackend as Store>::Cursor),
+}
+
+/// One scan step on `store`, with its own cursor taken out of the client's (`open`; a fresh one when that is
+/// another store's) and put back (`close`).
+async fn scan_on<S: Store>(
+    store: &S,
+    scan: &mut Scan<BackendCursor>,
+    open: impl FnOnce(BackendCursor) -> Option<S::Cursor>,
+    close: impl FnOnce(S::Cursor) -> BackendCursor,
+    pattern: &str,
+    count: usize,
+) -> Result<Vec<String>, LockError> {
+    let mut on = std::mem::take(scan).map(|cursor| open(cursor).unwrap_or_default());
+    let found = store.scan(&mut on, pattern, count).await;
+    *scan = on.map(close);
+    found
+}
+
 /// Every call but `capabilities` is timed by operation (feature `metrics`; nothing without it).
 impl Store for Backend {
+    type Cursor = BackendCursor;
+
     fn capabilities(&self) -> Capabilities {
         dispatch!(self, b => b.capabilities())
     }
@@ -292,8 +319,25 @@ impl Store for Backend {
         timed!("force_unlock", dispatch!(self, b => b.force_unlock(keys).await))
     }
 
-    async fn scan(&self, scan: &mut ScanState, pattern: &str, count: usize) -> Result<Vec<String>, LockError> {
-        dispatch!(self, b => b.scan(scan, pattern, count).await)
+    async fn scan(
+        &self,
+        scan: &mut Scan<BackendCursor>,
+        pattern: &str,
+        count: usize,
+    ) -> Result<Vec<String>, LockError> {
+        match self {
+            Backend::Redis(b) => {
+                let open = |c| if let BackendCursor::Redis(c) = c { Some(c) } else { None };
+                scan_on(b, scan, open, BackendCursor::Redis, pattern, count).await
+            }
+            Backend::Redlock(b) => {
+                let open = |c| if let BackendCursor::Redlock(c) = c { Some(c) } else { None };
+                scan_on(b, scan, open, BackendCursor::Redlock, pattern, count).await
+            }
+            Backend::Memory(b) => scan_on(b, scan, |_| None, |()| BackendCursor::Start, pattern, count).await,
+            #[cfg(feature = "simulation")]
+            Backend::Simulated(b) => scan_on(b, scan, |_| None, |()| BackendCursor::Start, pattern, count).await,
+        }
     }
 
     async fn waiters(&self, keys: &LockKeys, limit: usize) -> Result<Vec<Place>, LockError> {

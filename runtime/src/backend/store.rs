@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Attempt, Hold, LockKeys, Place, Queueing, ReleaseWatch, Renewal, ScanState};
+use super::{Attempt, Hold, LockKeys, Place, Queueing, ReleaseWatch, Renewal, Scan};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 /// What a store guarantees. The engine reads this instead of asking which store it talks to, and a guarantee a
@@ -44,6 +44,10 @@ pub(crate) enum Fencing {
 /// A lock store. Every call is about one lock (`keys`), acts only with the grant's own token, and is atomic
 /// in the store (one script on Redis, one critical section in memory).
 pub(crate) trait Store {
+    /// Where a [`scan`](Self::scan) of this store stands (which server, which position on it); a scan starts
+    /// from the default.
+    type Cursor: Default + Send + std::fmt::Debug;
+
     fn capabilities(&self) -> Capabilities;
 
     /// One attempt; while waiting, `queueing` keeps this token's place in the queue (only with a fair queue).
@@ -121,7 +125,7 @@ pub(crate) trait Store {
     /// [`record_pattern`](super::listing::record_pattern)), asking for about `count` keys: the record keys found
     /// (maybe none, maybe some twice, as SCAN gives them) and `scan` moved on; `scan.done` once every server
     /// was scanned. Reads keys only, never the records.
-    async fn scan(&self, scan: &mut ScanState, pattern: &str, count: usize) -> Result<Vec<String>, LockError>;
+    async fn scan(&self, scan: &mut Scan<Self::Cursor>, pattern: &str, count: usize) -> Result<Vec<String>, LockError>;
 
     /// The live waiters queued for the lock, in arrival order, at most `limit` places looked at; never their
     /// tokens. Empty on a store without a queue.

@@ -15,8 +15,8 @@ use tokio::time::Instant;
 
 use super::{short, Tokens, World};
 use crate::backend::{
-    Announcement, Attempt, Capabilities, HandOver, Hold, LockKeys, MemoryBackend, Place, Queueing, ReleaseWatch,
-    ScanState, Store,
+    Announcement, Attempt, Capabilities, HandOver, Hold, LockKeys, MemoryBackend, Place, Queueing, ReleaseWatch, Scan,
+    Store,
 };
 use crate::error::{BackendError, BackendErrorKind};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
@@ -304,6 +304,8 @@ fn announced(announcement: &Announcement) -> String {
 }
 
 impl Store for SimStore {
+    type Cursor = ();
+
     fn capabilities(&self) -> Capabilities {
         self.world.memory.capabilities()
     }
@@ -398,11 +400,11 @@ impl Store for SimStore {
     }
 
     /// The memory store's scan, through the fault layer as one call (it has no lock of its own: named after none).
-    async fn scan(&self, scan: &mut ScanState, pattern: &str, count: usize) -> Result<Vec<String>, LockError> {
+    async fn scan(&self, scan: &mut Scan<()>, pattern: &str, count: usize) -> Result<Vec<String>, LockError> {
         let (m, pattern) = (self.memory(), pattern.to_owned());
         let found = self
             .call(format!("scan {pattern}"), &LockKeys::default(), async move {
-                m.scan(&mut ScanState::default(), &pattern, count).await
+                m.scan(&mut Scan::default(), &pattern, count).await
             })
             .await?;
         scan.done = true;

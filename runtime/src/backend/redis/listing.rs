@@ -9,26 +9,37 @@ use super::errors::redis_error;
 use super::scripts::record::{self, split_holder};
 use super::scripts::WAITERS;
 use super::{unexpected_reply, RedisBackend};
-use crate::backend::{LockKeys, Place, ScanState};
+use crate::backend::{LockKeys, Place, Scan};
 use crate::LockError;
+
+/// Where a scan of one Redis deployment stands: the node it is on (a cluster's primary; 0 on one server) and
+/// that node's SCAN cursor.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RedisCursor {
+    server: usize,
+    cursor: u64,
+    /// A cluster's primaries (host, port), read when the scan starts.
+    nodes: Option<Vec<(String, u16)>>,
+}
 
 impl RedisBackend {
     /// One SCAN step (see [`Store::scan`](crate::backend::Store::scan)); on a cluster, the primaries are read
     /// once, when the scan starts, and scanned one after another.
     pub(super) async fn scan_step(
         &self,
-        scan: &mut ScanState,
+        scan: &mut Scan<RedisCursor>,
         pattern: &str,
         count: usize,
     ) -> Result<Vec<String>, LockError> {
         let failed = |e| LockError::from(redis_error(&self.server, None, e));
-        if scan.nodes.is_none() {
-            scan.nodes = Some(self.commands.cluster_primaries().await.map_err(failed)?.unwrap_or_default());
+        let at = &mut scan.cursor;
+        if at.nodes.is_none() {
+            at.nodes = Some(self.commands.cluster_primaries().await.map_err(failed)?.unwrap_or_default());
         }
-        let nodes = scan.nodes.as_deref().unwrap_or_default();
+        let nodes = at.nodes.as_deref().unwrap_or_default();
         let mut cmd = Cmd::new();
-        cmd.arg("SCAN").arg(scan.cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(count.max(1));
-        let (cursor, mut keys): (u64, Vec<String>) = match nodes.get(scan.server) {
+        cmd.arg("SCAN").arg(at.cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(count.max(1));
+        let (cursor, mut keys): (u64, Vec<String>) = match nodes.get(at.server) {
             Some((host, port)) => self.commands.query_on_address(cmd, host, *port).await,
             None if nodes.is_empty() => cmd.query_async(&mut self.commands.clone()).await,
             None => {
@@ -37,10 +48,10 @@ impl RedisBackend {
             }
         }
         .map_err(failed)?;
-        scan.cursor = cursor;
+        at.cursor = cursor;
         if cursor == 0 {
-            scan.server += 1;
-            scan.done = scan.server >= nodes.len().max(1);
+            at.server += 1;
+            scan.done = at.server >= nodes.len().max(1);
         }
         scan.skipped += self.drop_freed(&mut keys).await.map_err(failed)?;
         Ok(keys)

@@ -9,12 +9,13 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, Value};
 
 use self::errors::redis_error;
-use super::{Attempt, Capabilities, Fencing, Hold, LockKeys, Place, Queueing, ReleaseWatch, Renewal, ScanState};
+use super::{Attempt, Capabilities, Fencing, Hold, LockKeys, Place, Queueing, ReleaseWatch, Renewal, Scan};
 use super::{Store, WakeUps};
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 use self::batch::{Coalescer, Op, Reply};
 use self::link::Link;
+pub(crate) use self::listing::RedisCursor;
 use self::scripts::record::split_holder;
 use self::scripts::reply::{attempt_of, release_outcome, remaining_of, renew_outcome, withdrawn};
 use self::scripts::{LuaScript, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY, WITHDRAW};
@@ -300,6 +301,8 @@ impl RedisBackend {
 }
 
 impl Store for RedisBackend {
+    type Cursor = RedisCursor;
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fair_queue: self.plain.is_none(),
@@ -475,7 +478,7 @@ impl Store for RedisBackend {
         Ok(deleted > 0)
     }
 
-    async fn scan(&self, scan: &mut ScanState, pattern: &str, count: usize) -> Result<Vec<String>, LockError> {
+    async fn scan(&self, scan: &mut Scan<RedisCursor>, pattern: &str, count: usize) -> Result<Vec<String>, LockError> {
         self.scan_step(scan, pattern, count).await
     }
 

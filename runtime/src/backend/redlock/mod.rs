@@ -24,8 +24,9 @@ use self::renewal::Live;
 use self::restart::Vote;
 use self::round::{count, Unfinished};
 use super::{Attempt, Capabilities, ConnectSettings, Fencing, Hold, LockKeys, Queueing, RedisBackend, ReleaseWatch};
-use super::{Place, Renewal, ScanState, Store, WakeUps};
+use super::{Place, Renewal, Scan, Store, WakeUps};
 use crate::backend::redis::errors::redis_error_with_hint;
+use crate::backend::redis::RedisCursor;
 use crate::error::redact_url;
 
 mod renewal;
@@ -39,6 +40,13 @@ const MIN_PER_SERVER: Duration = Duration::from_millis(10);
 
 /// The fencing token Redlock reports: none is sound across independent servers (see [`Fencing::None`]).
 const NO_FENCE: u64 = 0;
+
+/// Where a scan of the group stands: the server it is on, and where on that server.
+#[derive(Debug, Default)]
+pub(crate) struct RedlockCursor {
+    server: usize,
+    on_server: RedisCursor,
+}
 
 pub(crate) struct RedlockBackend {
     servers: Vec<Arc<RedisBackend>>,
@@ -150,6 +158,8 @@ fn quorum_remaining(mut remaining: Vec<Duration>, quorum: usize) -> Option<Durat
 }
 
 impl Store for RedlockBackend {
+    type Cursor = RedlockCursor;
+
     /// No fair queue: per-server queues would pick different heirs, and an order across independent servers
     /// needs consensus. No announcements: waiters poll on their retry strategy. No fencing token: the maximum
     /// of per-server counters is not monotonic (a grant that reached only one server raises that server's
@@ -413,18 +423,25 @@ impl Store for RedlockBackend {
 
     /// Every server in turn: a lock held by a quorum shows up once per server holding it (callers that need
     /// each lock once sort and deduplicate, or ask [`info`](Self::info), which counts the quorum).
-    async fn scan(&self, scan: &mut ScanState, pattern: &str, count: usize) -> Result<Vec<String>, LockError> {
-        let Some(server) = self.servers.get(scan.server) else {
+    async fn scan(
+        &self,
+        scan: &mut Scan<RedlockCursor>,
+        pattern: &str,
+        count: usize,
+    ) -> Result<Vec<String>, LockError> {
+        let at = &mut scan.cursor;
+        let Some(server) = self.servers.get(at.server) else {
             scan.done = true;
             return Ok(Vec::new());
         };
-        let mut on_server = ScanState { cursor: scan.cursor, ..ScanState::default() };
+        let mut on_server = Scan { cursor: std::mem::take(&mut at.on_server), ..Scan::default() };
         let found = server.scan(&mut on_server, pattern, count).await?;
-        scan.cursor = on_server.cursor;
         scan.skipped += on_server.skipped;
         if on_server.done {
-            (scan.server, scan.cursor) = (scan.server + 1, 0);
-            scan.done = scan.server == self.servers.len();
+            *at = RedlockCursor { server: at.server + 1, on_server: RedisCursor::default() };
+            scan.done = at.server == self.servers.len();
+        } else {
+            at.on_server = on_server.cursor;
         }
         Ok(found)
     }
