@@ -9,58 +9,10 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{LockKeys, Store};
+use crate::lease::Applied;
+pub(crate) use crate::lease::Lease;
 use crate::shutdown::Activity;
 use crate::{Client, LockError, LockToken, LossReason, ReleaseOutcome};
-
-/// The allowance for clock-rate drift between this process and Redis: 1% of the lease plus 2 ms.
-pub(crate) fn drift(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
-}
-
-/// The lease as this process knows it, in monotonic time.
-///
-/// **Invariant: `valid_until` never lies past the server's expiry of the grant.** Every lease counts from an
-/// instant taken *before* a request the server answered was sent, for no more than the lease the server says
-/// it set, less the drift allowance; where the outcome is unknown, the worse one is assumed:
-/// - a grant or a claimed hand-over: the acquire's send + the lease in its reply (the server's PTTL);
-/// - a hand-over heard as an announcement: the send of the last attempt that found another grant holding the
-///   lock, provided the announcement names that attempt (the hand-over used the place in the queue that this
-///   attempt registered, so it happened after the attempt reached the server) + the announced hand-over
-///   lease. Nothing here rests on fencing tokens rising: they go back with the server's clock, or across a
-///   failover to a replica whose clock is behind;
-/// - a renewal or extend: its send + the ttl it set; a reply that comes back after `valid_until` counts for
-///   nothing (a lock seen lost never comes back);
-/// - an extend whose outcome is unknown (a timeout, `NotReplicated`): the earlier of the old deadline and
-///   the one the extend would have set, as the server may have applied it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Lease {
-    /// The lease length renewals ask for.
-    pub(crate) ttl: Duration,
-    /// When the request behind this lease was sent.
-    pub(crate) since: Instant,
-    /// Until when the lock is surely ours.
-    pub(crate) valid_until: Instant,
-    /// When the next renewal is due: a third of the lease after `since`.
-    pub(crate) renew_at: Instant,
-    /// Known lost: a renewal or extend said so, or `valid_until` passed without one.
-    pub(crate) lost: bool,
-    /// Why, once known (the first reason found; a grant finished by its holder has none).
-    pub(crate) why: Option<LossReason>,
-    /// The server said this token no longer holds the lock: there is nothing left to release.
-    pub(crate) gone: bool,
-}
-
-impl Lease {
-    /// The server gave this token `lease` in answer to a request sent at `sent`; renewals ask for `ttl`.
-    pub(crate) fn granted(ttl: Duration, sent: Instant, lease: Duration) -> Self {
-        let valid_until = sent + lease.saturating_sub(drift(lease));
-        Self { ttl, since: sent, valid_until, renew_at: sent + lease / 3, lost: false, why: None, gone: false }
-    }
-
-    pub(crate) fn is_lost(&self) -> bool {
-        self.lost || Instant::now() >= self.valid_until
-    }
-}
 
 /// Bounds on how long a grant is held, from the request.
 #[derive(Debug, Clone, Copy, Default)]
@@ -399,26 +351,10 @@ impl Grant {
         unanswered.0 = Some(grant);
         let reply = grant.client.inner.backend.renew(&grant.keys, &grant.token, ttl).await;
         unanswered.0 = None;
-        let outcome = match reply {
-            Ok(true) if Instant::now() < before.valid_until => {
-                grant.update_lease(|l| {
-                    let applies = !l.lost;
-                    if applies {
-                        *l = Lease::granted(ttl, sent, ttl);
-                    }
-                    applies
-                });
-                Ok(())
-            }
-            Ok(true) => {
-                grant.mark_lost(LossReason::NotRenewedInTime);
-                Err(lost())
-            }
-            Ok(false) => {
-                grant.mark_gone(LossReason::Refused);
-                Err(lost())
-            }
-            Err(e) => {
+        let outcome = match grant.apply_renewal(reply, ttl, sent, before.valid_until) {
+            Applied::Renewed => Ok(()),
+            Applied::Lost => Err(lost()),
+            Applied::Unknown(e) => {
                 // Applied or not, unknown: the earlier deadline assumed above stays. A renewal goes out at once
                 // to restore the lease.
                 grant.update_lease(|l| {

@@ -445,7 +445,7 @@ mod tests {
         let guard = client.lock("k").ttl(ttl).acquire().await.expect("free");
         let deadline = guard.deadline();
         assert!(deadline <= before + ttl, "past the lease: {:?}", deadline - before);
-        assert!(deadline >= before + ttl - crate::grant::drift(ttl));
+        assert!(deadline >= before + ttl - crate::lease::drift(ttl));
 
         tokio::time::advance(Duration::from_secs(1)).await;
         guard.extend(Duration::from_secs(30)).await.expect("extend");

@@ -185,6 +185,7 @@ mod guard;
 mod held;
 mod hooks;
 mod http_answers;
+mod lease;
 mod listing;
 mod loss;
 mod observe;

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::backend::{Renewal, Store};
 use crate::grant::{Grant, InFlight, Lease, QueueKey};
+use crate::lease::Applied;
 use crate::{observe, LossReason};
 
 /// Schedules renewals for the grants of one client.
@@ -213,39 +214,19 @@ async fn renew_round(sending: Vec<Sending<'_>>, sent: Instant, renewer: &Weak<Sh
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err("timed out".to_owned()),
         };
-        let next = if arrived >= lease.valid_until {
-            // Too late to count: a lock seen lost never comes back.
-            observe::renewal("lost");
-            grant.mark_lost(LossReason::NotRenewedInTime);
-            None
-        } else {
-            observe::renewal(match renewed {
-                Ok(true) => "renewed",
-                Ok(false) => "lost",
-                Err(_) => "failed",
-            });
-            match renewed {
-                Ok(true) => {
-                    let renewed = Lease::granted(lease.ttl, sent, lease.ttl);
-                    grant.update_lease(|l| {
-                        // Extends do not overlap renewals (Grant::exclusive); this only guards the rule.
-                        let newer = l.lost || l.since > sent;
-                        if !newer {
-                            *l = renewed;
-                        }
-                        !newer
-                    });
-                    Some(grant.lease().renew_at)
-                }
-                Ok(false) => {
-                    grant.mark_gone(LossReason::Refused);
-                    None
-                }
-                Err(error) => {
-                    tracing::debug!(key = %grant.keys.name, %error, "distlock: renewal failed; retrying");
-                    let retry = (lease.ttl / 20).max(Duration::from_millis(10));
-                    Some((arrived + retry).min(lease.valid_until))
-                }
+        let applied = grant.apply_renewal(renewed, lease.ttl, sent, lease.valid_until);
+        observe::renewal(match &applied {
+            Applied::Renewed => "renewed",
+            Applied::Lost => "lost",
+            Applied::Unknown(_) => "failed",
+        });
+        let next = match applied {
+            Applied::Renewed => Some(grant.lease().renew_at),
+            Applied::Lost => None,
+            Applied::Unknown(error) => {
+                tracing::debug!(key = %grant.keys.name, %error, "distlock: renewal failed; retrying");
+                let retry = (lease.ttl / 20).max(Duration::from_millis(10));
+                Some((arrived + retry).min(lease.valid_until))
             }
         };
         drop(ticket);

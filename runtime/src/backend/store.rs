@@ -1,6 +1,28 @@
 //! The seam every lock store plugs into: what a store does ([`Store`]) and what it guarantees
 //! ([`Capabilities`]). The engine (acquire, renewal, release) is written once against it; a new store brings
 //! its own commands and never copies lock logic.
+//!
+//! # Adding a store
+//!
+//! 1. A module under `backend/` with a type implementing [`Store`]: each method one atomic step in the store
+//!    (one statement or script, one round trip), acting only with the grant's own token, and answering with
+//!    what the engine needs to date the lease (`Hold::lease`: what the store set, by its own clock). Its
+//!    `Cursor` is its own ([`Store::Cursor`]); nothing of it goes into the shared types.
+//! 2. [`Capabilities`] that say what it guarantees (a fair queue, wake-ups, fencing, replica acks): the engine
+//!    reads them and refuses what a store cannot keep. Do not fake one.
+//! 3. Its failures as [`BackendError`](crate::BackendError)s of the right
+//!    [`BackendErrorKind`](crate::BackendErrorKind) (`Unreachable` and `Timeout` are retried within a wait),
+//!    with the server's name, password redacted, and what to do; its own client's error as the source.
+//! 4. A variant of `Backend` (and of `BackendCursor` if its cursor is not `()`), a `ClientBuilder` method,
+//!    and a fixture in `tests/src/fixture.rs` that starts a real server of its own (never a shared one).
+//! 5. The suites every store must pass: each `all_backends!` / `all_backends_and_redlock!` scenario file in
+//!    `tests/tests/` (behaviour, holders, lifecycle, listing, multi_key, nested_lost, observability, queue
+//!    where it queues, schedules, shutdown, http_answers), run on it by adding its module to those macros
+//!    (`tests/src/lib.rs`); the fault tests (server paused, killed and restarted, connections reset, replies
+//!    dropped after the write); the CLI's; and a column in the README's table of guarantees, each cell backed
+//!    by one of those tests.
+//! 6. No change to `acquire.rs`, `grant.rs`, `lease.rs`, `guard.rs` or `renewer.rs`: if the store needs one,
+//!    the seam is missing something every store shares; fix the seam, for all of them.
 
 use std::time::Duration;
 

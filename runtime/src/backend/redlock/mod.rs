@@ -32,7 +32,7 @@ use crate::error::redact_url;
 mod renewal;
 mod restart;
 mod round;
-use crate::grant::drift;
+use crate::lease::drift;
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
 /// The least time a server gets to answer a lock operation, however short the ttl.
