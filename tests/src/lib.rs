@@ -1,4 +1,5 @@
-//! Test support for distlock: a real `redis-server` per test ([`RedisServer`], also one whose wall clock the
+//! Test support for distlock: a real `redis-server` per test ([`RedisServer`]; a real PostgreSQL server:
+//! [`PostgresServer`], also one whose wall clock the
 //! test steps: [`RedisServer::with_stepped_clock`]), a [`Fixture`] that runs one behaviour suite against both
 //! backends, and the fault-injection harness: a TCP [`proxy`], process signals ([`sys`]), a lock holder in
 //! another process ([`agent`]), event logs and an overlap checker ([`events`]), a fenced store and a lost-update
@@ -14,6 +15,7 @@ pub mod events;
 mod fixture;
 pub mod logs;
 pub mod monitor;
+mod postgres;
 pub mod proxy;
 pub mod renewals;
 pub mod sentinel;
@@ -123,6 +125,7 @@ macro_rules! backend_tests {
     };
 }
 pub use clock::NO_C_COMPILER;
+pub use postgres::{PostgresServer, POSTGRES_INSTALL_HINT};
 pub use server::{free_port, RedisServer, INSTALL_HINT};
 
 /// Serializes the timing-sensitive tests of one test binary: hold the guard for the whole test. Tests of

@@ -1,11 +1,11 @@
-//! Tests of the test harness itself: the `RedisServer` guard.
+//! Tests of the test harness itself: the `RedisServer` and `PostgresServer` guards.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::time::Duration;
 
-use distlock_tests::{free_port, RedisServer};
+use distlock_tests::{free_port, PostgresServer, RedisServer};
 use redis::AsyncCommands;
 
 fn tcp_open(port: u16) -> bool {
@@ -149,4 +149,41 @@ fn panicking_test_prints_server_log() {
     assert!(stderr.contains("deliberate failure"), "stderr: {stderr}");
     assert!(stderr.contains("--- redis-server log"), "no server log in the failure output: {stderr}");
     assert!(stderr.contains("Ready to accept connections"), "stderr: {stderr}");
+}
+
+/// A private PostgreSQL server: its own port (never 5432), durable as in production, answering as the
+/// superuser; dropped, its processes are gone, its port closed and its directory removed.
+#[test]
+fn a_private_postgres_server_is_its_own_and_leaves_nothing_behind() {
+    let server = PostgresServer::new();
+    let (pid, port, dir) =
+        (server.pid().expect("a running server has a pid"), server.port(), server.dir().to_path_buf());
+    assert_ne!(port, 5432, "the machine's own PostgreSQL port");
+    assert!(server.url().contains(&format!("127.0.0.1:{port}/")), "{}", server.url());
+    assert_eq!(server.psql("SHOW fsync"), "on");
+    assert_eq!(server.psql("SELECT current_user"), "postgres");
+    assert_eq!(server.psql("SHOW port"), port.to_string(), "another server answered on our port");
+    drop(server);
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "postmaster {pid} still exists after drop");
+    assert!(!tcp_open(port), "port {port} still answers after drop");
+    assert!(!dir.exists(), "temporary directory {dir:?} left behind");
+}
+
+/// Killed with SIGKILL, as a crash would, and restarted on the same data: what was committed is still there.
+#[test]
+fn a_killed_postgres_server_restarts_with_what_it_committed() {
+    let mut server = PostgresServer::new();
+    server.psql("CREATE TABLE kept (n int); INSERT INTO kept VALUES (42)");
+    let pid = server.pid().expect("running");
+    server.kill();
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "postmaster {pid} survived SIGKILL");
+    server.restart();
+    assert_ne!(server.pid(), Some(pid));
+    assert_eq!(server.psql("SELECT n FROM kept"), "42", "a committed row was lost in the crash");
+}
+
+#[test]
+#[should_panic(expected = "apt-get install -y postgresql")]
+fn missing_postgres_says_how_to_install_it() {
+    PostgresServer::with_bin_dir("/nonexistent/postgresql/bin");
 }
