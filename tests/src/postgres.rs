@@ -106,21 +106,24 @@ impl PostgresServer {
         fs::read_to_string(self.log_path()).unwrap_or_else(|e| format!("(no log: {e})"))
     }
 
-    /// Runs `sql` with `psql` as the superuser and returns what it printed (unaligned, tuples only).
-    /// Panics with psql's error and the server log if it fails.
+    /// Runs `sql` with `psql` as the superuser (one session, autocommit) and returns what it printed
+    /// (unaligned, tuples only). Panics with psql's error and the server log if it fails.
     pub fn psql(&self, sql: &str) -> String {
+        self.try_psql(sql).unwrap_or_else(|error| panic!("psql `{sql}` failed: {error}\n{}", self.log_block()))
+    }
+
+    /// As [`psql`](Self::psql), with psql's error text when it fails.
+    pub fn try_psql(&self, sql: &str) -> Result<String, String> {
         let out = Command::new(self.bin.join("psql"))
             .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres"])
             .args(["-p", &self.port.to_string(), "-c", sql])
             .output()
             .unwrap_or_else(|e| panic!("cannot run psql: {e}; {POSTGRES_INSTALL_HINT}"));
-        assert!(
-            out.status.success(),
-            "psql `{sql}` failed: {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            self.log_block()
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+        }
     }
 
     /// Kills the server with SIGKILL, as a crash would (its backends follow once they see the postmaster gone),
