@@ -66,6 +66,27 @@ async fn a_grant_the_replica_did_not_acknowledge_is_given_back() {
     guard.release().await.expect("release");
 }
 
+/// Several keys under replica acknowledgement are taken one by one, each grant acknowledged: the one-step path
+/// for free keys (one script, no WAIT after each grant) is not used. With the replica gone, the request fails
+/// as one key's would, and leaves no key held. (Both the engine, acquire.rs, and the Redis store,
+/// multi_key.rs, keep such requests off the one-step path: the mutation report's acquire.rs line 111.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_keys_are_each_acknowledged_and_none_is_left_held_without_the_replica() {
+    let (primary, mut replica) = primary_with_replica().await;
+    let acknowledged = acknowledged_client(&primary).await.expect("client");
+    let plain = Client::builder().redis(primary.url()).build().await.expect("client without acknowledgement");
+    let guard = acknowledged.lock_all(["acked:a", "acked:b"]).acquire().await.expect("both acknowledged");
+    guard.release().await.expect("release");
+    replica.kill();
+    match acknowledged.lock_all(["unacked:a", "unacked:b"]).acquire().await {
+        Err(LockError::NotReplicated { acknowledged: 0, required: 1, .. }) => {}
+        other => panic!("keys no replica acknowledged were granted: {other:?}"),
+    }
+    for key in ["unacked:a", "unacked:b"] {
+        assert!(plain.lock_info(key).await.expect("info").is_none(), "{key} was left held");
+    }
+}
+
 /// Failover with replica acknowledgement (L5): the primary dies, its replica is promoted and the service
 /// address (a proxy here) moves to it. The holder keeps its lock without restarting — its renewals reach the
 /// new primary, which has the record — and nobody else can take it.
