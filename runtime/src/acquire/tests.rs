@@ -150,3 +150,63 @@ async fn a_wait_past_the_clock_s_range_waits_until_the_lock_is_free() {
     let guard = waiter.await.expect("the waiter ran").expect("the waiter gets the lock");
     assert!(!guard.is_lost());
 }
+
+/// A client over `store`, so a test can look at the store itself.
+fn client_on(store: MemoryBackend) -> Client {
+    Client {
+        inner: Arc::new(ClientInner {
+            backend: Backend::Memory(store),
+            prefix: "t:".into(),
+            owner: "t".into(),
+            renewer: Default::default(),
+            shutdown: Default::default(),
+        }),
+    }
+}
+
+/// A waiter refreshes its place on its retry strategy's schedule, never in a loop: with the default strategy
+/// (25 ms, doubling up to 1 s) about 7 attempts in 600 ms of waiting. (The mutation report's acquire.rs
+/// `now + refresh` -> `now - refresh`, and `refresh_interval` -> 0: an attempt as fast as the store answered.)
+/// Real time: a paused clock never moves while a task loops without waiting.
+#[tokio::test(flavor = "current_thread")]
+async fn a_waiter_refreshes_its_place_on_its_retry_schedule_not_in_a_loop() {
+    let store = MemoryBackend::new("t".into());
+    let client = client_on(store.clone());
+    let holder = client.lock("k").acquire().await.unwrap();
+    let before = store.acquire_calls();
+    let waiter = crate::hooks::spawn({
+        let client = client.clone();
+        async move { client.lock("k").wait(Duration::from_secs(5)).acquire().await }
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let attempts = store.acquire_calls() - before;
+    holder.release().await.unwrap();
+    let guard = waiter.await.unwrap().expect("the waiter is handed the lock");
+    assert!(attempts <= 12, "{attempts} attempts in 600 ms of waiting");
+    guard.release().await.unwrap();
+}
+
+/// A waiter whose retry delay is long keeps its place between refreshes (its registration outlives three of
+/// them), so the first in line is served first even beside a later waiter that refreshes every 10 ms. (The
+/// mutation report's `queueing`, `* 3` -> `/ 3`: the slow waiter's place lapsed between its refreshes, and the
+/// lock went to the fast one.)
+#[tokio::test(start_paused = true)]
+async fn a_waiter_with_a_long_retry_delay_keeps_its_place_in_line() {
+    let client = Client::builder().memory().build().await.unwrap();
+    let holder = client.lock("k").ttl(Duration::from_secs(30)).acquire().await.unwrap();
+    let waiter = |step: u64| {
+        let request = client.lock("k").wait(Duration::from_secs(10));
+        let request = request.retry(RetryStrategy::Linear { step: Duration::from_millis(step) });
+        crate::hooks::spawn(request.acquire())
+    };
+    let first = waiter(1_000);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = waiter(10);
+    // Before the first waiter's next refresh, which comes at least half its 1 s step (the jitter's fixed half)
+    // after its place was taken, at the start.
+    tokio::time::sleep(Duration::from_millis(420)).await;
+    holder.release().await.unwrap();
+    let guard = first.await.unwrap().expect("the first in line is served first");
+    assert!(!second.is_finished(), "the later waiter was served too: {:?}", second.await);
+    guard.release().await.unwrap();
+}

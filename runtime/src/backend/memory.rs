@@ -31,6 +31,9 @@ struct MemoryState {
     channels: HashMap<String, Channel>,
     /// How many entries the maps held after the last sweep of expired ones: the next comes when they double.
     after_sweep: usize,
+    /// How many acquire attempts reached the store (for the crate's tests).
+    #[cfg(test)]
+    acquires: u64,
 }
 
 /// A lock's last fencing token, kept after its holder is gone (as Redis keeps it in the freed record and
@@ -212,6 +215,12 @@ impl MemoryBackend {
         Self { state: Arc::default(), capabilities, owner }
     }
 
+    /// How many acquire attempts reached the store.
+    #[cfg(test)]
+    pub(crate) fn acquire_calls(&self) -> u64 {
+        self.state().acquires
+    }
+
     /// Whether anyone is queued for the record `record`.
     #[cfg(test)]
     pub(crate) fn has_queue(&self, record: &str) -> bool {
@@ -255,6 +264,10 @@ impl Store for MemoryBackend {
         queueing: Option<Queueing>,
     ) -> Result<Attempt, LockError> {
         let mut state = self.state();
+        #[cfg(test)]
+        {
+            state.acquires += 1;
+        }
         if state.live(&keys.record).is_none() {
             state.hand_over(keys);
         }
