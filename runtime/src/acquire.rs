@@ -13,7 +13,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::{Announcement, Attempt, HandOver, LockKeys, Queueing, Store, WakeUps};
-use crate::grant::{Grant, Lease};
+use crate::grant::Grant;
+use crate::lease::Lease;
 use crate::observe;
 use crate::shutdown::Activity;
 use crate::{held, Client, LockError, LockGuard, LockRequest, LockToken, RetryStrategy};

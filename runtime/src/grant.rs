@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::backend::{LockKeys, Store};
 use crate::lease::Applied;
-pub(crate) use crate::lease::Lease;
+use crate::lease::Lease;
 use crate::shutdown::Activity;
 use crate::{Client, LockError, LockToken, LossReason, ReleaseOutcome};
 

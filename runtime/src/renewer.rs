@@ -12,8 +12,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::backend::{Renewal, Store};
-use crate::grant::{Grant, InFlight, Lease, QueueKey};
-use crate::lease::Applied;
+use crate::grant::{Grant, InFlight, QueueKey};
+use crate::lease::{Applied, Lease};
 use crate::{observe, LossReason};
 
 /// Schedules renewals for the grants of one client.
