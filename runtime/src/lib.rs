@@ -178,6 +178,7 @@ pub struct ReadmeDoctests;
 
 mod acquire;
 mod backend;
+mod builder;
 mod client;
 mod error;
 mod grant;

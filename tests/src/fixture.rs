@@ -16,7 +16,7 @@ use crate::cluster::RedisCluster;
 use crate::sentinel::SentinelGroup;
 use tokio::time::Instant;
 
-use crate::RedisServer;
+use crate::{PostgresServer, RedisServer};
 
 /// Which backend a [`Fixture`] runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +32,8 @@ pub enum Backend {
     Sentinel,
     /// `ClientBuilder::redlock(..)` on three private `redis-server` processes.
     Redlock,
+    /// `ClientBuilder::postgres(..)` on the test binary's shared PostgreSQL server, with a key prefix of its own.
+    Postgres,
 }
 
 /// A backend with a connected client.
@@ -44,6 +46,8 @@ pub struct Fixture {
     sentinel: Option<(&'static SentinelGroup, RawConnection, String)>,
     /// Redlock's servers, with a connection to each.
     redlock: Vec<(RedisServer, MultiplexedConnection)>,
+    /// The PostgreSQL server, a session on it for assertions, and the fixture's key prefix.
+    postgres: Option<(&'static PostgresServer, Arc<tokio_postgres::Client>, String)>,
 }
 
 /// A raw connection for assertions: to the private server, or to the shared cluster (routed by key).
@@ -109,13 +113,22 @@ impl Fixture {
             cluster: None,
             sentinel: None,
             redlock: Vec::new(),
+            postgres: None,
         }
     }
 
     /// A fresh in-process backend and a client on it.
     pub async fn memory() -> Self {
         let client = Client::builder().memory().build().await.expect("memory client");
-        Fixture { backend: Backend::Memory, client, redis: None, cluster: None, sentinel: None, redlock: Vec::new() }
+        Fixture {
+            backend: Backend::Memory,
+            client,
+            redis: None,
+            cluster: None,
+            sentinel: None,
+            redlock: Vec::new(),
+            postgres: None,
+        }
     }
 
     /// A client on the test binary's shared Sentinel group ([`SentinelGroup::shared`]), with a key prefix no
@@ -134,6 +147,7 @@ impl Fixture {
             cluster: None,
             sentinel: Some((group, conn, prefix)),
             redlock: Vec::new(),
+            postgres: None,
         }
     }
 
@@ -155,7 +169,33 @@ impl Fixture {
             cluster: Some((cluster, RawConnection::Cluster(conn), prefix)),
             sentinel: None,
             redlock: Vec::new(),
+            postgres: None,
         }
+    }
+
+    /// A client on the test binary's shared PostgreSQL server ([`PostgresServer::shared`]), in the default
+    /// schema, with a key prefix no other fixture uses.
+    pub async fn postgres() -> Self {
+        let server = tokio::task::spawn_blocking(PostgresServer::shared).await.expect("postgres start");
+        let prefix = unique_prefix();
+        let client = postgres_client(server, &prefix, |b| b).await;
+        let (session, connection) =
+            tokio_postgres::connect(&server.url(), tokio_postgres::NoTls).await.expect("a session for assertions");
+        tokio::spawn(connection);
+        Fixture {
+            backend: Backend::Postgres,
+            client,
+            redis: None,
+            cluster: None,
+            sentinel: None,
+            redlock: Vec::new(),
+            postgres: Some((server, Arc::new(session), prefix)),
+        }
+    }
+
+    /// The PostgreSQL server and a session on it, on the PostgreSQL backend.
+    pub fn postgres_session(&self) -> Option<(&'static PostgresServer, &tokio_postgres::Client)> {
+        self.postgres.as_ref().map(|(server, session, _)| (*server, &**session))
     }
 
     /// Three fresh `redis-server`s and a Redlock client on them.
@@ -172,7 +212,15 @@ impl Fixture {
             let conn = server.connection().await;
             redlock.push((server, conn));
         }
-        Fixture { backend: Backend::Redlock, client, redis: None, cluster: None, sentinel: None, redlock }
+        Fixture {
+            backend: Backend::Redlock,
+            client,
+            redis: None,
+            cluster: None,
+            sentinel: None,
+            redlock,
+            postgres: None,
+        }
     }
 
     /// Redlock's servers, on the Redlock backend (empty on the others).
@@ -226,6 +274,10 @@ impl Fixture {
                 .unwrap_or_else(|e| panic!("client for {}: {e}", server.url())),
             (_, Some((cluster, _, prefix)), _) => cluster_client(cluster, prefix, configure).await,
             (.., Some((group, _, prefix))) => sentinel_client(group, prefix, configure).await,
+            _ if self.postgres.is_some() => {
+                let (server, _, prefix) = self.postgres.as_ref().expect("postgres");
+                postgres_client(server, prefix, configure).await
+            }
             _ if !self.redlock.is_empty() => redlock_client(self.redlock_servers(), configure).await,
             _ => configure(Client::builder().memory()).build().await.expect("memory client"),
         }
@@ -275,6 +327,9 @@ impl Fixture {
     /// has no server to look at. Not a Redlock server's lock-state mark (`<prefix>redlock:since`), which is
     /// the server's, not a lock's, and stays.
     pub async fn keys_left(&self) -> Option<Vec<(String, i64)>> {
+        if let Some((_, session, prefix)) = &self.postgres {
+            return Some(postgres_rows_left(session, prefix).await);
+        }
         let record = self.client.record_key("x");
         let prefix = record.strip_suffix("{x}").expect("a record key ends with its hash tag");
         let mut connections: Vec<RawConnection> = match (&self.cluster, &self.sentinel) {
@@ -314,6 +369,15 @@ impl Fixture {
     /// operator had deleted it. Redis: `DEL` of `client.record_key(key)` on a raw connection (no release
     /// announcement). Memory: the client's forced unlock.
     pub async fn vanish_record(&self, key: &str) {
+        if let Some((_, session, _)) = &self.postgres {
+            let record = self.client.record_key(key);
+            let deleted = session
+                .execute("DELETE FROM distlock.locks WHERE key = $1 AND expires_at > clock_timestamp()", &[&record])
+                .await
+                .expect("DELETE the lock's row");
+            assert_eq!(deleted, 1, "row {record} of lock {key:?} was not there");
+            return;
+        }
         if !self.redlock.is_empty() {
             let record = self.client.record_key(key);
             let mut deleted = 0;
@@ -414,6 +478,36 @@ async fn sentinel_client(
         .build()
         .await
         .unwrap_or_else(|e| panic!("client through the sentinels: {e}"))
+}
+
+async fn postgres_client(
+    server: &PostgresServer,
+    prefix: &str,
+    configure: impl FnOnce(ClientBuilder) -> ClientBuilder,
+) -> Client {
+    configure(Client::builder().postgres(server.url()).key_prefix(prefix))
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("client for {}: {e}", server.url()))
+}
+
+/// What the PostgreSQL store holds for the locks under `prefix`, as `keys_left` lists Redis keys with their
+/// PTTL: each lock's row and each waiter's place (`<record>:waiter`), with the milliseconds until the sweep may
+/// delete it (a minute past its lease or its life: a released lock's row is freed in place, keeping its last
+/// fencing token, as a freed Redis record does until it expires).
+async fn postgres_rows_left(session: &tokio_postgres::Client, prefix: &str) -> Vec<(String, i64)> {
+    let rows = session
+        .query(
+            "WITH c AS (SELECT clock_timestamp() - interval '1 minute' AS swept) \
+             SELECT key, floor(extract(epoch FROM expires_at - c.swept) * 1000)::bigint FROM distlock.locks, c \
+             WHERE starts_with(key, $1) AND expires_at > c.swept \
+             UNION ALL SELECT key || ':waiter', floor(extract(epoch FROM until - c.swept) * 1000)::bigint \
+             FROM distlock.waiters, c WHERE starts_with(key, $1) AND until > c.swept ORDER BY 1",
+            &[&prefix],
+        )
+        .await
+        .expect("the rows left");
+    rows.iter().map(|r| (r.get(0), r.get(1))).collect()
 }
 
 async fn redlock_client<'a>(

@@ -75,13 +75,15 @@ pub mod time {
     }
 }
 
-/// Runs each named `async fn(Fixture)` as two tests, `with_redis::NAME` on a private redis-server and
-/// `with_memory::NAME` on the in-process backend, so one behaviour suite covers both.
+/// Runs each named `async fn(Fixture)` as three tests, `with_redis::NAME` on a private redis-server,
+/// `with_memory::NAME` on the in-process backend and `with_postgres::NAME` on the test binary's shared
+/// PostgreSQL server, so one behaviour suite covers each store.
 #[macro_export]
 macro_rules! both_backends {
     ($($name:ident),* $(,)?) => {
         $crate::backend_tests!(with_redis, redis, $($name),*);
         $crate::backend_tests!(with_memory, memory, $($name),*);
+        $crate::backend_tests!(with_postgres, postgres, $($name),*);
     };
 }
 

@@ -10,10 +10,11 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::server::free_port;
+use crate::server::{free_port, reaper_of};
 
 /// How long a server may take to accept connections once started (crash recovery included).
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -80,6 +81,19 @@ impl PostgresServer {
             }
         }
         server.fail(&format!("every port tried was taken ({PORT_ATTEMPTS} attempts)"))
+    }
+
+    /// One server for the whole test binary, started by the first caller. Tests that share it use keys of
+    /// their own and never stop it; it is killed, and its directory removed, when the process exits.
+    pub fn shared() -> &'static PostgresServer {
+        static SHARED: OnceLock<(PostgresServer, Child)> = OnceLock::new();
+        &SHARED
+            .get_or_init(|| {
+                let server = PostgresServer::new();
+                let reaper = reaper_of(&server.pid().into_iter().collect::<Vec<_>>(), &[server.dir()]);
+                (server, reaper)
+            })
+            .0
     }
 
     /// A URL for the server's superuser and its `postgres` database.

@@ -482,8 +482,15 @@ fn tcp_process_id(port: u16, password: Option<&str>) -> io::Result<u32> {
 /// A shell that waits for this process to exit, then kills `nodes` and removes their directories (a server kept
 /// in a static is never dropped).
 pub(crate) fn reaper(nodes: &[&RedisServer]) -> Child {
-    let pids: Vec<String> = nodes.iter().filter_map(|n| n.pid()).map(|p| p.to_string()).collect();
-    let dirs: Vec<String> = nodes.iter().map(|n| format!("'{}'", n.dir().display())).collect();
+    let pids: Vec<u32> = nodes.iter().filter_map(|n| n.pid()).collect();
+    let dirs: Vec<&Path> = nodes.iter().map(|n| n.dir()).collect();
+    reaper_of(&pids, &dirs)
+}
+
+/// A shell that waits for this process to exit, then kills the processes `pids` and removes `dirs`.
+pub(crate) fn reaper_of(pids: &[u32], dirs: &[&Path]) -> Child {
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    let dirs: Vec<String> = dirs.iter().map(|d| format!("'{}'", d.display())).collect();
     let script = format!(
         "while kill -0 {} 2>/dev/null; do sleep 0.5; done; kill -9 {} 2>/dev/null; sleep 0.2; rm -rf {}",
         std::process::id(),

@@ -1,9 +1,11 @@
 //! Where locks live: one Redis server (or cluster, or sentinel-watched primary), a Redlock quorum of
-//! independent servers, or this process's memory, each behind the [`Store`] trait, with the
+//! independent servers, a PostgreSQL database (feature `postgres`), or this process's memory, each behind the [`Store`] trait, with the
 //! types the engine and the stores share.
 
 mod listing;
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod redis;
 mod redlock;
 mod store;
@@ -13,6 +15,8 @@ use std::time::Duration;
 
 pub(crate) use self::listing::{glob_matches, name_of_record, record_pattern, Place, Scan};
 pub(crate) use self::memory::MemoryBackend;
+#[cfg(feature = "postgres")]
+pub(crate) use self::postgres::{describe_postgres_url, PostgresBackend, PostgresSettings, DEFAULT_SCHEMA};
 #[cfg(feature = "simulation")]
 pub(crate) use self::redis::batch_arity;
 #[cfg(feature = "simulation")]
@@ -172,6 +176,8 @@ pub(crate) enum Backend {
     Redis(RedisBackend),
     Redlock(RedlockBackend),
     Memory(MemoryBackend),
+    #[cfg(feature = "postgres")]
+    Postgres(PostgresBackend),
     /// The memory store's semantics behind a seeded fault layer, in simulated time (tests only).
     #[cfg(feature = "simulation")]
     Simulated(crate::simulation::SimStore),
@@ -222,6 +228,8 @@ macro_rules! dispatch {
             Backend::Redis($b) => $call,
             Backend::Redlock($b) => $call,
             Backend::Memory($b) => $call,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres($b) => $call,
             #[cfg(feature = "simulation")]
             Backend::Simulated($b) => $call,
         }
@@ -235,6 +243,8 @@ pub(crate) enum BackendCursor {
     Start,
     Redis(<RedisBackend as Store>::Cursor),
     Redlock(<RedlockBackend as Store>::Cursor),
+    #[cfg(feature = "postgres")]
+    Postgres(<PostgresBackend as Store>::Cursor),
 }
 
 /// One scan step on `store`, with its own cursor taken out of the client's (`open`; a fresh one when that is
@@ -335,6 +345,11 @@ impl Store for Backend {
                 scan_on(b, scan, open, BackendCursor::Redlock, pattern, count).await
             }
             Backend::Memory(b) => scan_on(b, scan, |_| None, |()| BackendCursor::Start, pattern, count).await,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(b) => {
+                let open = |c| if let BackendCursor::Postgres(c) = c { Some(c) } else { None };
+                scan_on(b, scan, open, BackendCursor::Postgres, pattern, count).await
+            }
             #[cfg(feature = "simulation")]
             Backend::Simulated(b) => scan_on(b, scan, |_| None, |()| BackendCursor::Start, pattern, count).await,
         }

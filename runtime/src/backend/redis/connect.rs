@@ -102,7 +102,7 @@ impl RedisBackend {
     pub(crate) async fn connect_sentinel(
         sentinels: &[String],
         service: &str,
-        primary: Option<&crate::client::PrimaryAuth>,
+        primary: Option<&crate::builder::PrimaryAuth>,
         settings: ConnectSettings<'_>,
     ) -> Result<Self, LockError> {
         use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
