@@ -640,6 +640,8 @@ mod reply_tests {
         assert!(!renew_outcome(NOT_OWNER).unwrap());
         assert_eq!(withdrawn((NOT_HANDED, 0)).unwrap(), None);
         assert_eq!(withdrawn((5, 100)).unwrap(), Some(hold));
+        // Handed over, but its lease ran out before PTTL ran: nothing to keep, and no error.
+        assert_eq!(withdrawn((5, -2)).unwrap(), None);
         assert_eq!(remaining_of(NOT_HELD).unwrap(), None);
         assert_eq!(remaining_of(100).unwrap(), Some(Duration::from_millis(100)));
     }
