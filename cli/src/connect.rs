@@ -11,6 +11,20 @@ const DEFAULT_URL: &str = "redis://127.0.0.1:6379/";
 /// Connects as `args` say. `build()` checks the server as for any client (PING and a probe lock of its own,
 /// which listings skip), so a wrong address, password or ACL fails here, with the library's message.
 pub(crate) async fn client(args: &ServerArgs) -> Result<distlock::Client, Failure> {
+    if let Some(url) = &args.postgres {
+        let mut stdin = std::io::stdin().lock();
+        let url = match args.password_stdin {
+            true => with_password(url, &read_password(&mut stdin, "--password-stdin")?)?,
+            false => url.clone(),
+        };
+        let builder = distlock::Client::builder()
+            .postgres(url)
+            .postgres_schema(args.schema.clone())
+            .key_prefix(args.prefix.clone())
+            .connect_timeout(args.timeout)
+            .response_timeout(args.timeout);
+        return Ok(builder.build().await?);
+    }
     let mut urls = args.url.clone();
     if urls.is_empty() {
         urls.push(std::env::var("REDIS_URL").ok().filter(|u| !u.trim().is_empty()).unwrap_or(DEFAULT_URL.into()));
@@ -77,7 +91,7 @@ fn with_password(url: &str, password: &str) -> Result<String, Failure> {
         Failure::new(
             Exit::Usage,
             "--password-stdin: a --url is not a URL the password can be added to (expected \
-             redis://HOST[:PORT][/DB], rediss://… or redis+unix:///PATH)",
+             redis://HOST[:PORT][/DB], rediss://…, redis+unix:///PATH or postgres://USER@HOST[:PORT]/DBNAME)",
         )
     };
     let mut parsed = url::Url::parse(url).map_err(|_| bad())?;

@@ -136,6 +136,18 @@ struct ServerArgs {
     /// The URLs are the independent servers of a Redlock group.
     #[arg(long, global = true)]
     redlock: bool,
+    /// The locks are in PostgreSQL, not Redis: postgres://USER[:PASSWORD]@HOST[:PORT]/DBNAME (or
+    /// `host=… user=… dbname=…`). With --password-stdin, the password goes into this URL.
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        conflicts_with_all = ["url", "cluster", "sentinel", "redlock"]
+    )]
+    postgres: Option<String>,
+    /// With --postgres: the schema distlock's tables are in (ClientBuilder::postgres_schema).
+    #[arg(long, global = true, requires = "postgres", default_value = "distlock", value_name = "SCHEMA")]
+    schema: String,
     /// How long connecting and each call may take.
     #[arg(long, global = true, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
     timeout: Duration,
@@ -174,6 +186,9 @@ enum Command {
         #[arg(long, short)]
         yes: bool,
     },
+    /// With --postgres: creates distlock's schema, tables and functions (or brings them to this version),
+    /// as the role that should own them. Clients do it on first use too, if their role may.
+    Migrate,
     /// A live view of the held locks, redrawn every interval, with hand-overs, releases and expiries as they
     /// are seen. Ctrl-C ends it.
     Watch {
@@ -237,8 +252,16 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             "--unsorted on Redlock would list each lock once per server holding it: leave --unsorted out",
         ));
     }
+    if matches!(cli.command, Command::Migrate) && cli.server.postgres.is_none() {
+        return Err(Failure::new(Exit::Usage, "migrate is for PostgreSQL: give --postgres URL"));
+    }
     let client = connect::client(&cli.server).await?;
     match cli.command {
+        Command::Migrate => {
+            drop(client);
+            println!("schema `{}` is ready", cli.server.schema);
+            Ok(())
+        }
         Command::Ls { pattern, json, unsorted } => commands::ls(&client, &pattern, json, unsorted).await,
         Command::Show { key, json } => commands::show(&client, &key, json).await,
         Command::Release { key, yes } => commands::release(&client, &key, yes).await,

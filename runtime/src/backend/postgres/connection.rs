@@ -63,7 +63,7 @@ impl Connection {
         match tokio::time::timeout(self.timeouts.connect, self.config.connect(NoTls)).await {
             Ok(Ok(pair)) => Ok(pair),
             Ok(Err(e)) => Err(pg_error(&self.server, None, e)),
-            Err(_) => Err(self.timeout(None, "connecting took longer than the connect timeout")),
+            Err(_) => Err(self.timeout(None, "connecting took longer than the connect timeout", "connect_timeout")),
         }
     }
 
@@ -111,15 +111,15 @@ impl Connection {
             }
             Err(_) => {
                 session.discard(&client);
-                Err(self.timeout(key, "no reply within the response timeout").into())
+                Err(self.timeout(key, "no reply within the response timeout", "response_timeout").into())
             }
         }
     }
 
-    pub(super) fn timeout(&self, key: Option<&str>, what: &str) -> BackendError {
-        let hint = "check that the server is up and not overloaded (or waiting on a lock: see lock_timeout), or \
-                    raise ClientBuilder::response_timeout / connect_timeout";
-        BackendError::new(STORE, &self.server, BackendErrorKind::Timeout, hint.into(), what.to_owned()).for_key(key)
+    /// No answer in time: `what` did not finish within the timeout `setting` sets.
+    pub(super) fn timeout(&self, key: Option<&str>, what: &str, setting: &str) -> BackendError {
+        let hint = format!("check that the server is up and not overloaded, or raise ClientBuilder::{setting}");
+        BackendError::new(STORE, &self.server, BackendErrorKind::Timeout, hint, what.to_owned()).for_key(key)
     }
 
     /// An error of distlock's own about this server (a reply it did not expect, a setting it refuses).
@@ -178,7 +178,7 @@ fn kind_and_hint(e: &tokio_postgres::Error) -> (BackendErrorKind, &'static str) 
         return if e.is_closed() || text.starts_with("error communicating") || text.starts_with("error connecting") {
             (Unreachable, DOWN)
         } else if text.starts_with("timeout") {
-            (Timeout, "the server did not answer in time: raise ClientBuilder::connect_timeout")
+            (Timeout, "the server did not answer in time: check that it is up, or raise ClientBuilder::connect_timeout")
         } else if text.starts_with("authentication") || text.starts_with("invalid") {
             (Refused, "check the URL's user and password (postgres://USER:PASSWORD@HOST:PORT/DBNAME)")
         } else {

@@ -100,7 +100,11 @@ impl Listener {
                 Listening::Failed(e) => Some(e.clone().for_key(Some(&keys.name))),
                 _ => None,
             },
-            _ => Some(self.conn.timeout(Some(&keys.name), "the listener's session did not start in time")),
+            _ => Some(self.conn.timeout(
+                Some(&keys.name),
+                "the listener's session did not start in time",
+                "connect_timeout",
+            )),
         };
         match failed {
             None => Ok(watch),
@@ -149,7 +153,7 @@ impl Session {
         match tokio::time::timeout(self.conn.timeouts.response, client.batch_execute(&listen)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(super::connection::pg_error(&self.conn.server, None, e)),
-            Err(_) => return Err(self.conn.timeout(None, "LISTEN was not answered in time")),
+            Err(_) => return Err(self.conn.timeout(None, "LISTEN was not answered in time", "response_timeout")),
         }
         self.listening.send_replace(Listening::Yes);
         // Announcements made before LISTEN took effect were not heard: every waiter already here tries again.
