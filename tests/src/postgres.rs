@@ -115,6 +115,24 @@ impl PostgresServer {
         self.child.as_ref().map(Child::id)
     }
 
+    /// The postmaster and every process it started (each session's backend, the checkpointer, the WAL
+    /// writer...): freezing the server means freezing all of them.
+    pub fn pids(&self) -> Vec<u32> {
+        let Some(postmaster) = self.pid() else { return Vec::new() };
+        let mut pids = vec![postmaster];
+        for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else { continue };
+            let stat = fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            // `pid (comm) state ppid ...`: comm may hold spaces, so read after its closing parenthesis.
+            let parent =
+                stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+            if parent == Some(postmaster) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
     /// The server log so far.
     pub fn log(&self) -> String {
         fs::read_to_string(self.log_path()).unwrap_or_else(|e| format!("(no log: {e})"))
@@ -140,12 +158,20 @@ impl PostgresServer {
         }
     }
 
-    /// Kills the server with SIGKILL, as a crash would (its backends follow once they see the postmaster gone),
-    /// and waits until it is gone.
+    /// Kills every process of the server with SIGKILL, as a crash of its machine would, and waits until all
+    /// are gone (a backend left behind would keep the shared memory a restart needs).
     pub fn kill(&mut self) {
+        let others: Vec<u32> = self.pids().into_iter().skip(1).collect();
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        for pid in others {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            let deadline = Instant::now() + READY_TIMEOUT;
+            while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(5));
+            }
         }
     }
 
