@@ -50,6 +50,7 @@ mod contention;
 mod floor;
 mod held;
 mod measure;
+mod postgres;
 mod proxy;
 mod report;
 mod scaleout;
@@ -63,7 +64,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_tests::RedisServer;
+use distlock_tests::{PostgresServer, RedisServer};
 
 use crate::contention::Waiter;
 use crate::proxy::DelayProxy;
@@ -100,6 +101,8 @@ pub struct Config {
     pub proxy_check: bool,
     /// Only run the scale-out rows (Redlock, Redis Cluster), and exit.
     pub scale_out: bool,
+    /// Only run the PostgreSQL rows, and exit.
+    pub postgres: bool,
 }
 
 impl Config {
@@ -126,6 +129,7 @@ impl Config {
                 rtts: vec![0.0],
                 proxy_check: false,
                 scale_out: false,
+                postgres: false,
             }
         } else {
             Self {
@@ -148,6 +152,7 @@ impl Config {
                 rtts: vec![0.0],
                 proxy_check: false,
                 scale_out: false,
+                postgres: false,
             }
         }
     }
@@ -164,7 +169,7 @@ impl Config {
 
 const USAGE: &str =
     "usage: distlock-bench [--quick] [--rounds N] [--only 1,2,2u,3,4,5,6] [--variants raw,api,run,macro,rslock]
-                      [--no-pin] [--rtt MS[,MS...]] [--proxy-check] [--scale-out]
+                      [--no-pin] [--rtt MS[,MS...]] [--proxy-check] [--scale-out] [--postgres]
   --quick        short smoke run (under 30 s): 2 rounds, short windows, 1k/10k held locks with ttl 3 s
   --rounds N     rounds for scenarios 1-3 (default 5; 2 with --quick)
   --only LIST    run only these scenarios (2u: scenario 2 unpinned, client on a 2-worker runtime)
@@ -177,7 +182,9 @@ const USAGE: &str =
   --proxy-check  measure PING round trips through the proxy at each --rtt (and the hop alone), then exit
   --scale-out    only the scale-out rows: distlock on Redlock (3 and 5 servers) against rslock's Redlock, and
                  on a 3-primary Redis Cluster against raw SET NX PX + EVALSHA on the crate's cluster client;
-                 1 and 64 tasks; --rounds and --quick apply";
+                 1 and 64 tasks; --rounds and --quick apply
+  --postgres     only the PostgreSQL rows, on a private server: distlock against INSERT … ON CONFLICT + DELETE
+                 and against advisory locks, 1 and 64 tasks, then the hand-off on one key";
 
 fn parse_args() -> Result<Config, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -216,6 +223,7 @@ fn parse_args() -> Result<Config, String> {
             }
             "--proxy-check" => config.proxy_check = true,
             "--scale-out" => config.scale_out = true,
+            "--postgres" => config.postgres = true,
             "--variants" => {
                 config.variants = value("--variants")?
                     .split(',')
@@ -252,6 +260,9 @@ fn main() -> ExitCode {
     }
     if config.scale_out {
         return scale_out(&config);
+    }
+    if config.postgres {
+        return postgres_rows(&config);
     }
     let machine_before = report::Machine::read();
     let server = RedisServer::new();
@@ -341,6 +352,34 @@ fn scale_out(config: &Config) -> ExitCode {
         machine.kernel,
         machine.redis,
         cores.max(2) - 1,
+        machine.load_before,
+        machine.load_after,
+        config.command_line(),
+        config.rounds,
+        each,
+        started.elapsed().as_secs_f64(),
+    );
+    ExitCode::SUCCESS
+}
+
+/// `--postgres`: the PostgreSQL rows, on a private server (unpinned: PostgreSQL runs a process per session).
+fn postgres_rows(config: &Config) -> ExitCode {
+    let mut machine = report::Machine::read();
+    let server = PostgresServer::new();
+    let version = server.psql("SHOW server_version");
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let each = if config.quick { Duration::from_millis(500) } else { Duration::from_secs(2) };
+    let trials = if config.quick { 50 } else { 500 };
+    let started = Instant::now();
+    let table = runtime.block_on(postgres::run(&server, config.rounds, each, trials));
+    machine.finish();
+    println!("{table}");
+    println!(
+        "Machine: {} cores, {}, Linux {}; PostgreSQL {version} (fsync on, synchronous_commit on), unpinned; load \
+         average {} before, {} after.\nCommand: `{}` ({} rounds of {:?} windows, {:.0} s in all).",
+        machine.cores,
+        machine.cpu,
+        machine.kernel,
         machine.load_before,
         machine.load_after,
         config.command_line(),

@@ -61,7 +61,7 @@ fn servers_cpu(servers: &[u32]) -> Duration {
 }
 
 /// Runs `cycle(task, n)` in `tasks` tasks for `window`; (cycles per second, cycles).
-async fn window<F, Fut>(tasks: usize, window: Duration, cycle: F) -> (f64, u64)
+pub(crate) async fn window<F, Fut>(tasks: usize, window: Duration, cycle: F) -> (f64, u64)
 where
     F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<(), String>> + Send,

@@ -38,7 +38,8 @@ struct Statements {
     force_unlock: String,
     scan: String,
     waiters: String,
-    sweep: String,
+    sweep_places: String,
+    sweep_locks: String,
 }
 
 impl Statements {
@@ -89,11 +90,12 @@ impl Statements {
             // Places a minute past their life, then locks a minute past their lease with nobody waiting: the
             // rows left are those of the keys used in the last minute or so. The row an acquire works on is
             // locked, and skipped; an acquire that finds its row gone makes it again.
-            sweep: format!(
-                "DELETE FROM {s}.waiters WHERE until < clock_timestamp() - interval '1 minute'; \
-                 DELETE FROM {s}.locks WHERE key IN (SELECT l.key FROM {s}.locks l \
+            sweep_places: format!("DELETE FROM {s}.waiters WHERE until < clock_timestamp() - interval '1 minute'"),
+            sweep_locks: format!(
+                "DELETE FROM {s}.locks WHERE key IN (SELECT l.key FROM {s}.locks l \
                  WHERE l.expires_at < clock_timestamp() - interval '1 minute' \
-                 AND NOT EXISTS (SELECT FROM {s}.waiters w WHERE w.key = l.key) LIMIT 1000 FOR UPDATE SKIP LOCKED)"
+                 AND NOT EXISTS (SELECT FROM {s}.waiters w WHERE w.key = l.key) LIMIT {SWEEP_BATCH} \
+                 FOR UPDATE SKIP LOCKED)"
             ),
         }
     }
@@ -143,6 +145,10 @@ impl Drop for AbortOnDrop {
 /// How often a client sweeps expired rows, give or take a random tenth (clients started together spread out).
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
 
+/// How many rows one sweep statement deletes: a sweep runs statements of this many until one deletes fewer,
+/// so that no statement holds many row locks for long.
+const SWEEP_BATCH: u64 = 1000;
+
 impl PostgresBackend {
     /// Connects, loads the schema if the server lacks it, checks the server's settings, and takes and gives back
     /// a probe lock (so that a missing right shows now, not on the first lock).
@@ -159,16 +165,19 @@ impl PostgresBackend {
         schema::check_settings(&conn, settings.schema).await?;
         let channel = schema::channel(settings.schema);
         let sweeper = {
-            let (conn, sweep) = (Arc::downgrade(&conn), Statements::new(settings.schema).sweep);
+            let conn = Arc::downgrade(&conn);
+            let sql = Statements::new(settings.schema);
             AbortOnDrop(tokio::spawn(async move {
+                // The first sweep at once: a client starting after a quiet spell clears what piled up meanwhile.
+                let mut pause = Duration::ZERO;
                 loop {
-                    let jitter = getrandom::u32().unwrap_or(0) % 6_000;
-                    tokio::time::sleep(SWEEP_EVERY - Duration::from_secs(3) + Duration::from_millis(jitter.into()))
-                        .await;
+                    tokio::time::sleep(pause).await;
                     let Some(conn) = conn.upgrade() else { return };
-                    let sweep = sweep.as_str();
                     // A failed sweep is the next one's work.
-                    let _ = conn.call(None, |c| async move { c.batch_execute(sweep).await }).await;
+                    let _ = sweep(&conn, &sql).await;
+                    drop(conn);
+                    let jitter = getrandom::u32().unwrap_or(0) % 6_000;
+                    pause = SWEEP_EVERY - Duration::from_secs(3) + Duration::from_millis(jitter.into());
                 }
             }))
         };
@@ -230,6 +239,15 @@ impl PostgresBackend {
             "distlock's schema on the server is not this version's: run `distlock migrate --postgres URL`",
         )
     }
+}
+
+/// Deletes the places and then the lock rows that have been dead for a minute, in batches.
+async fn sweep(conn: &Connection, sql: &Statements) -> Result<(), LockError> {
+    let places = sql.sweep_places.as_str();
+    conn.call(None, |c| async move { c.execute_typed(places, &[]).await }).await?;
+    let locks = sql.sweep_locks.as_str();
+    while conn.call(None, |c| async move { c.execute_typed(locks, &[]).await }).await? == SWEEP_BATCH {}
+    Ok(())
 }
 
 fn millis(d: Duration) -> i64 {
