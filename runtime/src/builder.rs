@@ -38,6 +38,9 @@ pub struct ClientBuilder {
     /// [`ClientBuilder::postgres_schema`]; `None`: `distlock`.
     #[cfg(feature = "postgres")]
     postgres_schema: Option<String>,
+    /// [`ClientBuilder::postgres_listen_url`]; `None`: the store's URL.
+    #[cfg(feature = "postgres")]
+    postgres_listen_url: Option<PostgresUrl>,
 }
 
 /// The credentials of the primary behind Sentinel: `Debug` shows no password.
@@ -100,6 +103,8 @@ impl Default for ClientBuilder {
             sentinel_primary: None,
             #[cfg(feature = "postgres")]
             postgres_schema: None,
+            #[cfg(feature = "postgres")]
+            postgres_listen_url: None,
         }
     }
 }
@@ -222,8 +227,9 @@ impl ClientBuilder {
     /// owner). Leases are by the server's clock; fencing tokens come from one uncached sequence and rise across
     /// restarts; waiters queue in arrival order and hear hand-overs by LISTEN/NOTIFY on a session of their own.
     /// Each operation is one statement and one round trip, on one pipelined session, with unnamed statements,
-    /// so PgBouncer in transaction mode works for them (the listener needs a session: point this URL at the
-    /// server or a session-mode pool). Feature `postgres`; plain TCP or a unix socket, no TLS.
+    /// so PgBouncer in transaction mode carries them; waiters listen on a session of their own, which such a
+    /// pool does not keep: give them the server with [`postgres_listen_url`](Self::postgres_listen_url).
+    /// Feature `postgres`; plain TCP or a unix socket, no TLS.
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
@@ -255,6 +261,25 @@ impl ClientBuilder {
     #[cfg(feature = "postgres")]
     pub fn postgres_schema(mut self, schema: impl Into<String>) -> Self {
         self.postgres_schema = Some(schema.into());
+        self
+    }
+
+    /// Where waiters listen for hand-overs (LISTEN needs a session of its own, which a transaction-mode pool
+    /// such as PgBouncer's does not keep): the server itself, or a session-mode pool. Default: the URL given
+    /// to [`postgres`](Self::postgres), which then must not be a transaction-mode pool.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
+    /// let client = distlock::Client::builder()
+    ///     .postgres("postgres://app@pgbouncer.internal:6432/app") // pool_mode = transaction
+    ///     .postgres_listen_url("postgres://app@db.internal:5432/app")
+    ///     .build()
+    ///     .await?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn postgres_listen_url(mut self, url: impl Into<String>) -> Self {
+        self.postgres_listen_url = Some(PostgresUrl(url.into()));
         self
     }
 
@@ -380,8 +405,12 @@ impl ClientBuilder {
             ));
         }
         #[cfg(feature = "postgres")]
-        if self.postgres_schema.is_some() && !matches!(self.store, StoreChoice::Postgres(..)) {
-            return Err(LockError::InvalidConfig("postgres_schema applies to postgres only".into()));
+        if (self.postgres_schema.is_some() || self.postgres_listen_url.is_some())
+            && !matches!(self.store, StoreChoice::Postgres(..))
+        {
+            return Err(LockError::InvalidConfig(
+                "postgres_schema and postgres_listen_url apply to postgres only".into(),
+            ));
         }
         let backend = match self.store {
             StoreChoice::Unset => {
@@ -416,8 +445,14 @@ impl ClientBuilder {
                     ));
                 }
                 let schema = self.postgres_schema.as_deref().unwrap_or(DEFAULT_SCHEMA);
-                let settings =
-                    PostgresSettings { url: &url, schema, timeouts: self.timeouts, owner: &owner, prefix: &self.prefix };
+                let settings = PostgresSettings {
+                    url: &url,
+                    listen_url: self.postgres_listen_url.as_ref().map(|PostgresUrl(u)| u.as_str()),
+                    schema,
+                    timeouts: self.timeouts,
+                    owner: &owner,
+                    prefix: &self.prefix,
+                };
                 Backend::Postgres(PostgresBackend::connect(settings).await?)
             }
         };

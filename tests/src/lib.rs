@@ -15,6 +15,7 @@ pub mod events;
 mod fixture;
 pub mod logs;
 pub mod monitor;
+mod pgbouncer;
 mod postgres;
 pub mod proxy;
 pub mod renewals;
@@ -127,6 +128,7 @@ macro_rules! backend_tests {
     };
 }
 pub use clock::NO_C_COMPILER;
+pub use pgbouncer::{PgBouncer, PGBOUNCER_INSTALL_HINT};
 pub use postgres::{PostgresServer, POSTGRES_INSTALL_HINT};
 pub use server::{free_port, RedisServer, INSTALL_HINT};
 

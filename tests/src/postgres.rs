@@ -367,7 +367,7 @@ fn bin_dir() -> PathBuf {
 }
 
 /// The `postgres` user's uid and gid, from /etc/passwd (the Debian package makes it).
-fn postgres_user() -> (u32, u32) {
+pub(crate) fn postgres_user() -> (u32, u32) {
     let passwd = fs::read_to_string("/etc/passwd").unwrap_or_default();
     passwd
         .lines()

@@ -115,6 +115,8 @@ pub(crate) struct PostgresCursor {
 /// The store's connection settings.
 pub(crate) struct PostgresSettings<'a> {
     pub(crate) url: &'a str,
+    /// Where the listener's session goes, if not to `url` (which may be a transaction-mode pool).
+    pub(crate) listen_url: Option<&'a str>,
     pub(crate) schema: &'a str,
     pub(crate) timeouts: Timeouts,
     pub(crate) owner: &'a str,
@@ -154,13 +156,11 @@ impl PostgresBackend {
     /// a probe lock (so that a missing right shows now, not on the first lock).
     pub(crate) async fn connect(settings: PostgresSettings<'_>) -> Result<Self, LockError> {
         schema::check_name(settings.schema)?;
-        let config: tokio_postgres::Config = settings.url.parse().map_err(|e| {
-            LockError::InvalidConfig(format!(
-                "not a PostgreSQL URL ({e}): write postgres://USER:PASSWORD@HOST:PORT/DBNAME or \
-                 `host=… user=… dbname=…`"
-            ))
-        })?;
-        let conn = Arc::new(Connection::new(config, settings.timeouts));
+        let conn = Arc::new(Connection::new(parse_url(settings.url)?, settings.timeouts));
+        let listen_conn = match settings.listen_url {
+            Some(url) => Arc::new(Connection::new(parse_url(url)?, settings.timeouts)),
+            None => Arc::clone(&conn),
+        };
         schema::ensure(&conn, settings.schema).await?;
         schema::check_settings(&conn, settings.schema).await?;
         let channel = schema::channel(settings.schema);
@@ -182,7 +182,7 @@ impl PostgresBackend {
             }))
         };
         let backend = Self {
-            listener: Listener::new(Arc::clone(&conn), channel.clone()),
+            listener: Listener::new(listen_conn, channel.clone()),
             conn,
             sql: Statements::new(settings.schema),
             schema: settings.schema.to_owned(),
@@ -239,6 +239,14 @@ impl PostgresBackend {
             "distlock's schema on the server is not this version's: run `distlock migrate --postgres URL`",
         )
     }
+}
+
+fn parse_url(url: &str) -> Result<tokio_postgres::Config, LockError> {
+    url.parse().map_err(|e| {
+        LockError::InvalidConfig(format!(
+            "not a PostgreSQL URL ({e}): write postgres://USER:PASSWORD@HOST:PORT/DBNAME or `host=… user=… dbname=…`"
+        ))
+    })
 }
 
 /// Deletes the places and then the lock rows that have been dead for a minute, in batches.
