@@ -290,7 +290,7 @@ impl ClientBuilder {
     }
 
     /// Names this process in every lock record its client writes, for whoever reads them
-    /// ([`LockInfo::owner`], [`LockError::holder`]): any non-empty text. Default `<hostname>:<pid>`.
+    /// ([`LockInfo::owner`](crate::LockInfo::owner), [`LockError::holder`]): any non-empty text. Default `<hostname>:<pid>`.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), distlock::LockError> {
