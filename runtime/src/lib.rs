@@ -55,11 +55,13 @@
 //! - **`axum`**: `IntoResponse` for [`LockError`] (axum 0.8, through `axum-core` and `http` only): 409 with
 //!   `Retry-After` for a busy lock, 503 with `Retry-After` while shutting down or for transient errors, 500
 //!   otherwise; see [`LockError::http_status`] and [`LockError::retry_after`], which any framework can use.
+//! - **`postgres`**: `ClientBuilder::postgres`: locks in a PostgreSQL database, with tokio-postgres (the
+//!   README's PostgreSQL section says what it guarantees).
 //! - **`simulation`**: not for users and not covered by semver: the deterministic simulation of the lock
 //!   engine (a simulated store, seeded faults, paused time) that this repository's tests drive; it turns on
 //!   tokio's `test-util`.
 //!
-//! Rust 1.88 or later (the `rust-version` in Cargo.toml); Redis 7.0 or later.
+//! Rust 1.88 or later (the `rust-version` in Cargo.toml); Redis 7.0 or later; PostgreSQL 15 is the one tested.
 //!
 //! ## Safety model
 //!
