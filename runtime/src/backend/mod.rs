@@ -25,7 +25,7 @@ pub(crate) use self::redis::script_name;
 pub(crate) use self::redis::script_sources;
 pub(crate) use self::redis::{ConnectSettings, RedisBackend, ReplicaAcks, Timeouts};
 pub(crate) use self::redlock::RedlockBackend;
-pub(crate) use self::store::{Capabilities, Fencing, Store, WakeUps};
+pub(crate) use self::store::{probe_lock_cycle, Capabilities, Fencing, Store, WakeUps};
 use crate::observe::timed;
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 

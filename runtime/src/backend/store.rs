@@ -157,3 +157,24 @@ pub(crate) trait Store {
     /// can no longer be missed. Only called when the store's wake-ups are [`WakeUps::Exact`].
     async fn watch_releases(&self, keys: &LockKeys, token: &LockToken) -> Result<ReleaseWatch, LockError>;
 }
+
+/// The startup check every server store runs at `build()`: each call a lock's life uses, once — listen, take,
+/// queue a second owner, release (handing over, which announces), withdraw — on a lock of its own outside every
+/// lock's key space, so a missing right or a wrong address fails now, not at the first lock. Another process
+/// probing at the same moment only makes it a no-op. Returns the probe's names, for the store to delete what
+/// the cycle leaves behind (the freed lock's last fencing token).
+pub(crate) async fn probe_lock_cycle<S: Store>(store: &S, prefix: &str) -> Result<LockKeys, LockError> {
+    let keys = LockKeys::startup_check(prefix, LockToken::random().as_str());
+    let (holder, waiter) = (LockToken::random(), LockToken::random());
+    let lease = Duration::from_secs(5);
+    let queueing = Queueing { register: lease, lease, attempt: 1 };
+    let _listening = store.watch_releases(&keys, &waiter).await?;
+    if let Attempt::Granted(_) = store.acquire(&keys, &holder, lease, "startup probe", None).await? {
+        store.acquire(&keys, &waiter, lease, "startup probe", Some(queueing)).await?;
+        store.release(&keys, &holder, None, None).await?;
+        if store.withdraw(&keys, &waiter).await?.is_some() {
+            store.release(&keys, &waiter, None, None).await?;
+        }
+    }
+    Ok(keys)
+}

@@ -194,21 +194,9 @@ impl PostgresBackend {
         Ok(backend)
     }
 
-    /// Every statement a lock's life uses, once: listen, take, queue a second owner, release (handing over,
-    /// which notifies), and withdraw.
+    /// The startup probe ([`probe_lock_cycle`](super::probe_lock_cycle)), then its rows deleted.
     async fn probe_lock_cycle(&self, prefix: &str) -> Result<(), LockError> {
-        let keys = LockKeys::startup_check(prefix, LockToken::random().as_str());
-        let (holder, waiter) = (LockToken::random(), LockToken::random());
-        let lease = Duration::from_secs(5);
-        let queueing = Queueing { register: lease, lease, attempt: 1 };
-        let _listening = self.watch_releases(&keys, &waiter).await?;
-        if let Attempt::Granted(_) = self.acquire(&keys, &holder, lease, "startup probe", None).await? {
-            self.acquire(&keys, &waiter, lease, "startup probe", Some(queueing)).await?;
-            self.release(&keys, &holder, None, None).await?;
-            if self.withdraw(&keys, &waiter).await?.is_some() {
-                self.release(&keys, &waiter, None, None).await?;
-            }
-        }
+        let keys = super::probe_lock_cycle(self, prefix).await?;
         // Its freed row, which keeps its last fencing token until the sweep, is what it leaves behind; don't.
         let forget = format!(
             "WITH places AS (DELETE FROM {s}.waiters WHERE key = $1) DELETE FROM {s}.locks WHERE key = $1",

@@ -17,9 +17,8 @@ use super::link::{self, Conn, Epoch, Link, Rebuilding};
 use super::scripts::{self, ACQUIRE_PLAIN, FORCE_UNLOCK, INFO, REMAINING, RENEW, RENEW_MANY};
 use super::subscriber::Subscriber;
 use super::{timeout_error, ConnectSettings, Hot, RedisBackend, Timeouts};
-use crate::backend::{Attempt, LockKeys, Queueing, Store};
 use crate::error::{redact_url, BackendError};
-use crate::{LockError, LockToken};
+use crate::LockError;
 
 impl RedisBackend {
     /// Connects and checks the server answers PING; the error names the URL with the password redacted.
@@ -216,21 +215,9 @@ impl RedisBackend {
         Ok(())
     }
 
-    /// Every command a lock's life uses, once: listen, take, queue a second owner, release (handing over,
-    /// which publishes), and clean up. Another process probing at the same moment only makes this a no-op.
+    /// The startup probe ([`probe_lock_cycle`](crate::backend::probe_lock_cycle)), then its keys deleted.
     async fn probe_lock_cycle(&self, prefix: &str) -> Result<(), LockError> {
-        let keys = LockKeys::startup_check(prefix, LockToken::random().as_str());
-        let (holder, waiter) = (LockToken::random(), LockToken::random());
-        let lease = Duration::from_secs(5);
-        let queueing = Queueing { register: lease, lease, attempt: 1 };
-        let _listening = self.watch_releases(&keys, &waiter).await?;
-        if let Attempt::Granted(_) = self.acquire(&keys, &holder, lease, "startup probe", None).await? {
-            self.acquire(&keys, &waiter, lease, "startup probe", Some(queueing)).await?;
-            self.release(&keys, &holder, None, None).await?;
-            if self.withdraw(&keys, &waiter).await?.is_some() {
-                self.release(&keys, &waiter, None, None).await?;
-            }
-        }
+        let keys = crate::backend::probe_lock_cycle(self, prefix).await?;
         // The probe's freed record and its hand-over's R:last, which keep its last fencing token for a lease,
         // are the keys it leaves behind; don't.
         let mut conn = self.commands.clone();
