@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tokio_postgres::AsyncMessage;
 
 use super::connection::Connection;
+use super::AbortOnDrop;
 use crate::backend::{Announcement, Hold, LockKeys, ReleaseWatch, WAKE_ALL};
 use crate::error::BackendError;
 use crate::{LockError, LockToken};
@@ -213,15 +214,6 @@ fn hand_over_of(text: &str) -> Option<(&str, Hold, u64)> {
 /// The MD5 of a lock's key, in hex, as the server's `md5()` writes it.
 pub(super) fn md5_hex(key: &str) -> String {
     Md5::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// A task that ends with its owner.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 #[cfg(test)]

@@ -134,7 +134,7 @@ pub(crate) struct PostgresBackend {
     _sweeper: AbortOnDrop,
 }
 
-/// A task that ends with its owner.
+/// A task that ends with its owner (the sweeper, the listener and its session's I/O).
 #[derive(Debug)]
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
