@@ -130,7 +130,8 @@
 //! `why` (the [`LossReason`]) and the token redacted), a renewal failed and retried (DEBUG,
 //! `distlock::renewer`), a release that found the lock no longer held (WARN, with the [`ReleaseOutcome`]),
 //! [`Client::force_unlock`] (INFO), a waiter handed the lock by a release (DEBUG, with its fencing token and
-//! `how` it learnt of it). Tokens are never printed whole, only their first 8 characters.
+//! `how` it learnt of it; a waiter whose own refresh of its place reaches the store just after the release
+//! takes the lock with that attempt, and logs only the grant). Tokens are never printed whole, only their first 8 characters.
 //! `RUST_LOG=distlock=debug` (with `tracing-subscriber`'s `EnvFilter`) shows all of them; the span's own
 //! line, with its outcome and how long it took, needs the subscriber's span events (`fmt`'s
 //! `with_span_events(FmtSpan::CLOSE)`).

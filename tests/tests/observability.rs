@@ -8,7 +8,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use distlock::{current_lock, distributed_lock, with_client, LockError, LossReason, OnLost, ReleaseOutcome};
+use distlock::{
+    current_lock, distributed_lock, with_client, LockError, LossReason, OnLost, ReleaseOutcome, RetryStrategy,
+};
 use distlock_tests::logs::{self, Logs, SpanLine};
 use distlock_tests::sys::Stopped;
 use distlock_tests::time::{ms, secs};
@@ -173,12 +175,16 @@ async fn releasing_a_lock_no_longer_held_warns(fx: Fixture) {
 }
 
 /// A release hands the lock to the queued waiter: a DEBUG event in the waiter's span, with its fencing token.
+/// The waiter refreshes its place only seconds later, so it learns of the hand-over from the release (had a
+/// refresh of its own reached the store right after the release, that attempt would be its grant, with no
+/// hand-over event: the store's reply does not say whether a grant was handed over).
 async fn a_waiter_handed_the_lock_is_a_debug_event(fx: Fixture) {
     let logs = logs::capture();
     let key = format!("obs:handed-{:?}", fx.backend());
     let client = fx.client().clone();
     let holder = client.lock(&key).ttl(secs(10)).acquire().await.expect("free");
-    let waiter = tokio::spawn(client.lock(&key).ttl(secs(10)).wait(secs(20)).acquire());
+    let seldom = RetryStrategy::Linear { step: secs(20) };
+    let waiter = tokio::spawn(client.lock(&key).ttl(secs(10)).wait(secs(20)).retry(seldom).acquire());
     eventually(secs(10), "the waiter queues", || async {
         client.lock_info(&key).await.expect("info").is_some_and(|info| info.waiting >= 1)
     })
