@@ -8,7 +8,7 @@ use distlock::{Client, LockError, ReleaseOutcome, RetryStrategy};
 use distlock_tests::events::{EventLog, Kind};
 use distlock_tests::proxy::{Fault, FaultProxy};
 use distlock_tests::time::{ms, secs};
-use distlock_tests::{acquire_after_recovery, raw_connection, serial, within, Fixture, RedisServer};
+use distlock_tests::{acquire_after_recovery, eventually, raw_connection, serial, within, Fixture, RedisServer};
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
@@ -411,4 +411,85 @@ async fn s08_lost_acquire_reply_is_an_error_never_ok_orphan_freed_within_ttl() {
 
     let again = within(secs(10), "A locks again", acquire_after_recovery(sent + secs(8), "A", || a.lock(KEY))).await;
     assert_eq!(again.release().await.unwrap(), ReleaseOutcome::Released);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// A hand-over that lands while a waiter gives up (acquire.rs `give_up`)
+// ---------------------------------------------------------------------------------------------------------
+
+const HANDED_LATE: &str = "handed-while-withdrawing";
+
+/// A waiter through a proxy that delays each direction by 500 ms, waiting 1.5 s: its first attempt is answered
+/// busy after 1 s, within the wait; its queued attempt (sent after the subscription's round trip) reaches Redis,
+/// the holder releases and the lock is handed to it, and that attempt's busy reply arrives only after the wait
+/// ran out. Its withdrawal then finds the hand-over. Returns the waiter's answer, the direct client, and the
+/// holder's fencing token.
+async fn handed_the_lock_while_giving_up(
+    server: &RedisServer,
+    replicas: u32,
+) -> (Result<distlock::LockGuard, LockError>, Client, FaultProxy, u64) {
+    let direct = Client::builder().redis(server.url()).build().await.expect("direct client");
+    let proxy = FaultProxy::to_port(server.port()).await;
+    let mut builder = Client::builder().redis(proxy.url()).connect_timeout(secs(5)).response_timeout(secs(5));
+    if replicas > 0 {
+        builder = builder.wait_for_replicas(replicas, ms(300));
+    }
+    let through_proxy = builder.build().await.expect("client through the proxy");
+    let holder = direct.lock(HANDED_LATE).ttl(secs(30)).acquire().await.expect("free");
+    let holders_token = holder.fencing_token();
+
+    proxy.set_fault(Fault::Delay(ms(500)));
+    // A seldom refresh: the hand-over lease it registers (a third of the ttl, times three) outlasts the test.
+    let seldom = RetryStrategy::Linear { step: secs(20) };
+    let request = through_proxy.lock(HANDED_LATE).ttl(secs(30)).wait(ms(1500)).retry(seldom);
+    let waiter = tokio::spawn(request.acquire());
+    eventually(secs(10), "the waiter's queued attempt reaches Redis", || async {
+        direct.lock_info(HANDED_LATE).await.expect("info").is_some_and(|info| info.waiting >= 1)
+    })
+    .await;
+    // Its reply is still on its way (500 ms): this release hands the lock to the waiter, unheard.
+    assert_eq!(holder.release().await.expect("release"), ReleaseOutcome::Released);
+    let answer = within(secs(20), "the waiter's answer", waiter).await.expect("the waiter's task");
+    proxy.set_fault(Fault::Pass);
+    (answer, direct, proxy, holders_token)
+}
+
+/// The withdrawal at the end of a wait finds that a release handed the lock to this waiter meanwhile: the
+/// waiter takes it (never leaving it held by nobody's guard), with a DEBUG event saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_found_by_the_withdrawal_at_the_end_of_the_wait_is_taken() {
+    let _serial = serial().await;
+    let logs = distlock_tests::logs::capture();
+    let server = RedisServer::new();
+    let (answer, direct, _proxy, holders_token) = handed_the_lock_while_giving_up(&server, 0).await;
+    let guard = answer.expect("the hand-over found while withdrawing is the waiter's");
+    assert!(guard.fencing_token() > holders_token, "a hand-over is a new grant");
+    let handed: Vec<_> = logs
+        .matching(tracing::Level::DEBUG, &["a waiter was handed the lock"])
+        .into_iter()
+        .filter(|l| l.fields.get("key").map(String::as_str) == Some(HANDED_LATE))
+        .collect();
+    let [handed] = handed.as_slice() else { panic!("one hand-over event: {handed:?}\n{}", logs.dump()) };
+    assert_eq!(handed.fields["how"], "withdrawing", "{handed:?}");
+    let info = direct.lock_info(HANDED_LATE).await.expect("info").expect("held");
+    assert_eq!(info.fencing_token, guard.fencing_token());
+    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+}
+
+/// The same hand-over under replica acknowledgement: nobody waited for its write to reach the replica, so it
+/// cannot count. The waiter gives it back and fails; the lock is left free, not held by nobody's guard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_replica_acks_a_hand_over_found_while_withdrawing_is_given_back() {
+    let _serial = serial().await;
+    let server = RedisServer::new();
+    let _replica = RedisServer::replica_of(server.port()).await;
+    let (answer, direct, _proxy, _) = handed_the_lock_while_giving_up(&server, 1).await;
+    match answer {
+        Err(LockError::NotObtained { key, .. }) => assert_eq!(key, HANDED_LATE),
+        other => panic!("an unacknowledged hand-over was kept: {other:?}"),
+    }
+    eventually(secs(10), "the hand-over given back", || async {
+        direct.lock_info(HANDED_LATE).await.expect("info").is_none()
+    })
+    .await;
 }
