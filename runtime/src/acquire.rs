@@ -1,6 +1,7 @@
 //! Taking a lock: one round trip when it is free; otherwise the request joins the lock's wait queue, listens
 //! for the hand-over that a release makes to the longest waiter, and refreshes its place now and then (which
-//! also notices a holder that crashed).
+//! also notices a holder that crashed). Of a client's waiters for one lock, only the first refreshes on its
+//! retry schedule; the others seldom ([`line`]).
 //!
 //! Leases follow the rule written on [`Lease`]: a grant or claim counts from its own attempt's send, for the
 //! lease in its reply; an announced hand-over only when it used the registration of the last busy attempt
@@ -12,12 +13,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Announcement, Attempt, HandOver, LockKeys, Queueing, Store, WakeUps};
+use crate::backend::{Announcement, Attempt, HandOver, LockKeys, Queueing, ReleaseWatch, Store, WakeUps};
 use crate::grant::Grant;
 use crate::lease::Lease;
 use crate::observe;
 use crate::shutdown::Activity;
 use crate::{held, Client, LockError, LockGuard, LockRequest, LockToken, RetryStrategy};
+
+mod line;
+pub(crate) use line::Lines;
 
 /// When to give up if `wait` is effectively forever.
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 86_400);
@@ -30,6 +34,8 @@ struct BusyAttempt {
     sent: Instant,
     /// Its number, if it registered a place in the queue.
     queued: Option<u64>,
+    /// The hand-over lease it registered (zero if none).
+    lease: Duration,
 }
 
 /// Takes every key of `request` (one, or several from [`Client::lock_all`](crate::Client::lock_all)) into one
@@ -178,6 +184,8 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
     let deadline = started.checked_add(wait).unwrap_or(started + FOREVER);
     let mut releases = None;
     let mut waiting = false;
+    // This waiter's place in its client's line for the lock, once it queues.
+    let mut in_line: Option<line::InLine> = None;
     // Held while waiting, for the `distlock_waiting` gauge (feature `metrics`).
     let mut _waiting_gauge = None;
     // An announcement handed the lock to this waiter, and the next attempt claims it.
@@ -226,7 +234,8 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
                 return Box::pin(give_back(request, pending, started)).await;
             }
             Attempt::Busy { remaining, .. } => {
-                last_busy = Some(BusyAttempt { sent, queued: queueing.map(|q| q.attempt) });
+                let (queued, lease) = queueing.map_or((None, Duration::ZERO), |q| (Some(q.attempt), q.lease));
+                last_busy = Some(BusyAttempt { sent, queued, lease });
                 remaining
             }
         };
@@ -253,33 +262,57 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
                 }
             }
             if capabilities.fair_queue {
+                in_line = Some(request.client.inner.lines.join(&pending.keys.record));
                 continue; // take a place in the queue at once
             }
         }
         retries += 1;
+        let first = in_line.as_ref().is_none_or(line::InLine::is_first);
         let refresh = refresh_interval(request, retries);
-        let until = (now + remaining.map_or(refresh, |r| refresh.min(r)).max(Duration::from_millis(1))).min(deadline);
+        let mut until = if first {
+            (now + remaining.map_or(refresh, |r| refresh.min(r)).max(Duration::from_millis(1))).min(deadline)
+        } else {
+            // Not first in its client's line: the first keeps the client's mark, and notices a holder that
+            // crashed (a hand-over then comes, announced); this one keeps only its own place.
+            let seldom = RetryStrategy::Linear { step: line::SELDOM }.delay(1).unwrap_or(line::SELDOM);
+            (now + refresh.max(seldom)).min(deadline)
+        };
+        // Resolves once this waiter is first, when it was not: it then keeps the client's mark on its retry
+        // schedule, and refreshes its place at once if a hand-over using its registration could not be dated
+        // (its last attempt more than half its hand-over lease ago: the hand-over would be claimed, one round
+        // trip later).
+        let promoted = async {
+            match in_line.as_ref() {
+                Some(in_line) if !first => in_line.first().await,
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::pin!(promoted);
+        let mut was_promoted = false;
+        let stale = |now: Instant| last_busy.is_none_or(|busy| now >= busy.sent + busy.lease / 2);
         // Wait for our hand-over, a reason to retry, or the time to refresh our place.
-        let handed = match releases.as_mut() {
-            Some(releases) => loop {
-                // Biased, as every select! in the engine: ties resolve the same way on every run (tokio's
-                // random pick cannot be seeded), so a simulated schedule replays exactly.
-                tokio::select! {
-                    biased;
-                    announcement = releases.next() => {
-                        if let Some(hold) = announcement.handed_to(&pending.token) {
-                            break Some(hold);
-                        }
-                        if announcement == Announcement::Retry {
-                            break None;
-                        }
+        let handed = loop {
+            // Biased, as every select! in the engine: ties resolve the same way on every run (tokio's random
+            // pick cannot be seeded), so a simulated schedule replays exactly.
+            tokio::select! {
+                biased;
+                announcement = next_announcement(&mut releases) => {
+                    if let Some(hold) = announcement.handed_to(&pending.token) {
+                        break Some(hold);
                     }
-                    () = tokio::time::sleep_until(until) => break None,
+                    if announcement == Announcement::Retry {
+                        break None;
+                    }
                 }
-            },
-            None => {
-                tokio::time::sleep_until(until).await;
-                None
+                () = tokio::time::sleep_until(until) => break None,
+                () = &mut promoted, if !was_promoted => {
+                    was_promoted = true;
+                    let now = Instant::now();
+                    if stale(now) {
+                        break None;
+                    }
+                    until = until.min(now + refresh);
+                }
             }
         };
         // With replica acknowledgement a hand-over is always claimed, as the claim's write must be acknowledged.
@@ -291,6 +324,14 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
         claiming = handed.is_some();
         // Otherwise the next attempt, sent now, claims a live hand-over with a lease dated from its own send, or
         // finds the lock busy and keeps this waiter's place.
+    }
+}
+
+/// The next announcement `releases` hears; never, for a store without wake-ups.
+async fn next_announcement(releases: &mut Option<ReleaseWatch>) -> Announcement {
+    match releases {
+        Some(releases) => releases.next().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -402,11 +443,12 @@ fn refresh_interval(request: &LockRequest, retry: u32) -> Duration {
     request.retry.delay(retry).unwrap_or_default().min(request.ttl / 3).max(Duration::from_millis(1))
 }
 
-/// The registration sent with attempt number `attempt`: it outlives two missed refreshes; a hand-over lease
-/// no longer.
+/// The registration sent with attempt number `attempt`: the client's mark outlives two missed refreshes of
+/// its first waiter, the place two of its own (seldom, unless first); a hand-over lease no longer than the mark.
 fn queueing(request: &LockRequest, retry: u32, attempt: u64) -> Queueing {
     let register = refresh_interval(request, retry) * 3 + Duration::from_millis(100);
-    Queueing { register, lease: register.min(request.ttl), attempt }
+    let client = request.client.inner.lines.id;
+    Queueing { register, keep: register.max(line::KEEP), client, lease: register.min(request.ttl), attempt }
 }
 
 /// A request under way: its lock names and token. If it is dropped (cancelled) or fails while an attempt

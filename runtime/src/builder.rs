@@ -463,6 +463,7 @@ impl ClientBuilder {
                 owner: owner.into(),
                 renewer: Renewer::default(),
                 shutdown: Shutdown::default(),
+                lines: crate::acquire::Lines::default(),
             }),
         })
     }

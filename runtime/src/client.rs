@@ -36,6 +36,8 @@ pub(crate) struct ClientInner {
     pub(crate) owner: Arc<str>,
     pub(crate) renewer: Renewer,
     pub(crate) shutdown: Shutdown,
+    /// Its waiters of each lock, in line (acquire.rs).
+    pub(crate) lines: crate::acquire::Lines,
 }
 
 impl std::fmt::Debug for Client {

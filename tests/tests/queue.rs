@@ -15,7 +15,14 @@ distlock_tests::all_backends!(
     cancelled_waiter_does_not_stall_the_queue,
     try_acquire_does_not_jump_the_queue,
     force_unlock_frees_the_lock_past_a_dead_waiter,
+    a_client_s_later_waiters_keep_their_places_without_refreshing_them,
 );
+// Two clients of one store, which the in-process backend cannot have (a store per built client; the library's
+// unit test `a_dead_client_s_waiters_are_all_skipped_at_hand_over` covers its store): the server stores only.
+distlock_tests::backend_tests!(clients_on_redis, redis, a_dead_client_s_waiters_are_all_skipped_at_hand_over);
+distlock_tests::backend_tests!(clients_on_postgres, postgres, a_dead_client_s_waiters_are_all_skipped_at_hand_over);
+distlock_tests::backend_tests!(clients_on_cluster, cluster, a_dead_client_s_waiters_are_all_skipped_at_hand_over);
+distlock_tests::backend_tests!(clients_on_sentinel, sentinel, a_dead_client_s_waiters_are_all_skipped_at_hand_over);
 
 const LIMIT: Duration = Duration::from_secs(10);
 
@@ -175,6 +182,84 @@ async fn force_unlock_frees_the_lock_past_a_dead_waiter(fx: Fixture) {
     // The forced-out holder's release touches nothing of the new holder's.
     let outcome = holder.release().await.expect("release");
     assert!(matches!(outcome, ReleaseOutcome::Expired | ReleaseOutcome::TakenByOther), "{outcome:?}");
+    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+    drop(dead);
+}
+
+/// A retry every 50–100 ms: a place lasts 0.4 s or less unless refreshed, and a client's mark for the lock too.
+fn fast_retry() -> RetryStrategy {
+    RetryStrategy::Linear { step: Duration::from_millis(100) }
+}
+
+/// One client's waiters for one lock: only the first refreshes on its retry schedule (keeping the client's
+/// mark), the others only every 15–30 s. Their places outlive many of the first one's refreshes (they last
+/// 90 s), and they are served in the order they came.
+async fn a_client_s_later_waiters_keep_their_places_without_refreshing_them(fx: Fixture) {
+    const KEY: &str = "one-client-line";
+    let holder = fx.client().lock(KEY).ttl(Duration::from_secs(30)).acquire().await.expect("holder");
+    let client = fx.other_client().await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..4 {
+        let request = client.lock(KEY).metadata(format!("w{i}")).wait(Duration::from_secs(20)).retry(fast_retry());
+        let order = Arc::clone(&order);
+        waiters.push(tokio::spawn(async move {
+            let guard = request.acquire().await.expect("served");
+            order.lock().expect("order").push(i);
+            guard.release().await.expect("release");
+        }));
+        eventually(LIMIT, "waiter queued", || async { waiting(fx.client(), KEY).await == i + 1 }).await;
+    }
+    // Five times as long as a place lasts without its refreshes: the later waiters' places live on the
+    // first one's refreshes of the client's mark, and their own 90 s. (Time passing is the condition tested.)
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let listed = fx.client().lock_waiters(KEY).await.expect("lock_waiters");
+    let metadata: Vec<_> = listed.iter().map(|w| w.metadata.as_str()).collect();
+    assert_eq!(metadata, ["w0", "w1", "w2", "w3"], "live places, in arrival order");
+    holder.release().await.expect("release");
+    for waiter in waiters {
+        within(LIMIT, "waiter served", waiter).await.expect("no panic");
+    }
+    assert_eq!(*order.lock().expect("order"), vec![0, 1, 2, 3], "served out of arrival order");
+}
+
+/// A client whose waiters all stopped (its process froze or died: their requests are never polled again)
+/// stops refreshing its mark for the lock, and every one of its places dies with the mark, although each
+/// place itself would last 90 s: a release hands the lock past all of them to a live waiter at once, where
+/// handing it to each dead waiter in turn would keep it from everyone for a hand-over lease each.
+async fn a_dead_client_s_waiters_are_all_skipped_at_hand_over(fx: Fixture) {
+    const KEY: &str = "dead-client";
+    let ttl = Duration::from_secs(30);
+    let holder = fx.client().lock(KEY).ttl(ttl).acquire().await.expect("holder");
+    let dead_client = fx.other_client().await;
+    let mut dead = Vec::new();
+    for i in 0..6 {
+        let mut waiter =
+            Box::pin(dead_client.lock(KEY).ttl(ttl).wait(Duration::from_secs(120)).retry(fast_retry()).acquire());
+        tokio::select! {
+            outcome = &mut waiter => panic!("a waiter finished while the lock was held: {outcome:?}"),
+            () = eventually(LIMIT, "dead waiter queued", || async { waiting(fx.client(), KEY).await == i + 1 }) => {}
+        }
+        // From here on it is never polled.
+        dead.push(waiter);
+    }
+    let live_client = fx.other_client().await;
+    let live = tokio::spawn(async move {
+        let guard = live_client.lock(KEY).ttl(ttl).wait(Duration::from_secs(20)).retry(slow_retry()).acquire().await?;
+        Ok::<_, LockError>((Instant::now(), guard))
+    });
+    eventually(LIMIT, "live waiter queued", || async { waiting(fx.client(), KEY).await == 7 }).await;
+    // The dead client's mark lasts 0.4 s at most after its last refresh.
+    eventually(LIMIT, "the dead client's places expire", || async {
+        fx.client().lock_waiters(KEY).await.expect("lock_waiters").len() == 1
+    })
+    .await;
+    let released = Instant::now();
+    holder.release().await.expect("release");
+    let (served, guard) = within(LIMIT, "live waiter served", live).await.expect("no panic").expect("acquired");
+    let handoff = served.duration_since(released);
+    // Six hand-over leases of 0.25–0.4 s each, had the dead places been used.
+    assert!(handoff < Duration::from_millis(500), "dead waiters held up the queue for {handoff:?}");
     assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
     drop(dead);
 }

@@ -21,6 +21,7 @@ async fn without_queue_or_wake_ups_waiters_poll() {
             owner: "t".into(),
             renewer: Default::default(),
             shutdown: Default::default(),
+            lines: Default::default(),
         }),
     };
     let holder = client.lock("k").ttl(Duration::from_secs(10)).acquire().await.unwrap();
@@ -160,6 +161,7 @@ fn client_on(store: MemoryBackend) -> Client {
             owner: "t".into(),
             renewer: Default::default(),
             shutdown: Default::default(),
+            lines: Default::default(),
         }),
     }
 }
@@ -209,4 +211,80 @@ async fn a_waiter_with_a_long_retry_delay_keeps_its_place_in_line() {
     let guard = first.await.unwrap().expect("the first in line is served first");
     assert!(!second.is_finished(), "the later waiter was served too: {:?}", second.await);
     guard.release().await.unwrap();
+}
+
+/// Of a client's waiters for one lock only the first refreshes its place (and the client's mark) on its retry
+/// schedule; the others register once and then refresh every 15–30 s. Twenty waiters refreshing every 50–100 ms
+/// over 10 s would make about 2,700 attempts; here the first makes about 130 and the other 19 one each. All of
+/// them keep their places (the client's mark keeps them alive) and are served in the order they came.
+#[tokio::test(start_paused = true)]
+async fn a_client_s_waiters_behind_its_first_cost_the_store_nothing_while_they_wait() {
+    let store = MemoryBackend::new("t".into());
+    let client = client_on(store.clone());
+    let holder = client.lock("k").ttl(Duration::from_secs(60)).acquire().await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..20 {
+        let request = client.lock("k").ttl(Duration::from_secs(60)).wait(Duration::from_secs(60));
+        let request = request.retry(RetryStrategy::Linear { step: Duration::from_millis(100) });
+        let order = Arc::clone(&order);
+        waiters.push(crate::hooks::spawn(async move {
+            let guard = request.acquire().await.expect("served");
+            order.lock().unwrap().push(i);
+            guard.release().await.unwrap();
+        }));
+        // Queued before the next one comes: arrival order is part of what is tested.
+        while client.inner.lines.len(&client.record_key("k")) < i + 1 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = store.acquire_calls();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let attempts = store.acquire_calls() - before;
+    assert!((100..=220).contains(&attempts), "{attempts} attempts by 20 waiters in 10 s");
+    holder.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..20).collect::<Vec<_>>(), "served out of arrival order");
+}
+
+/// The in-process store's side of a client's mark: two clients over one store; the first one's waiters are
+/// never polled again once queued (as a frozen process's), so its mark for the lock runs out, and a release
+/// hands the lock past all of them to the other client's waiter at once, though each dead place itself lasts
+/// 90 s. (tests/queue.rs has the same on the server stores.)
+#[tokio::test(start_paused = true)]
+async fn a_dead_client_s_waiters_are_all_skipped_at_hand_over() {
+    let store = MemoryBackend::new("t".into());
+    let (holder_client, dead_client, live_client) =
+        (client_on(store.clone()), client_on(store.clone()), client_on(store));
+    let holder = holder_client.lock("k").ttl(Duration::from_secs(60)).acquire().await.unwrap();
+    let retry = RetryStrategy::Linear { step: Duration::from_millis(100) };
+    let mut dead = Vec::new();
+    for i in 0..6 {
+        let request = dead_client.lock("k").ttl(Duration::from_secs(60)).wait(Duration::from_secs(120)).retry(retry);
+        let mut waiter = Box::pin(request.acquire());
+        // Polled until it stands in the queue, then never again.
+        assert!(tokio::time::timeout(Duration::from_millis(5), &mut waiter).await.is_err(), "the lock is held");
+        assert_eq!(holder_client.lock_info("k").await.unwrap().expect("held").waiting, i + 1);
+        dead.push(waiter);
+    }
+    let live = crate::hooks::spawn(async move {
+        let guard = live_client.lock("k").ttl(Duration::from_secs(60)).wait(Duration::from_secs(60)).acquire().await;
+        (tokio::time::Instant::now(), guard)
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let info = holder_client.lock_info("k").await.unwrap().expect("held");
+    assert_eq!(info.waiting, 7, "six dead places, then the live one");
+    // The dead client's mark lasts 0.4 s at most after its last refresh.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(holder_client.lock_waiters("k").await.unwrap().len(), 1, "only the live place is listed");
+    let released = tokio::time::Instant::now();
+    holder.release().await.unwrap();
+    let (served, guard) = live.await.unwrap();
+    let guard = guard.expect("the live waiter is served");
+    assert!(served - released < Duration::from_millis(50), "served {:?} after the release", served - released);
+    guard.release().await.unwrap();
+    drop(dead);
 }

@@ -28,6 +28,8 @@ struct MemoryState {
     records: HashMap<String, Record>,
     fences: HashMap<String, Fence>,
     queues: HashMap<String, VecDeque<Waiter>>,
+    /// Per lock, each waiting client's mark (`Queueing::register`): until when its waiters' places live.
+    marks: HashMap<String, HashMap<u64, Instant>>,
     channels: HashMap<String, Channel>,
     /// How many entries the maps held after the last sweep of expired ones: the next comes when they double.
     after_sweep: usize,
@@ -69,10 +71,17 @@ struct Waiter {
     ttl: Duration,
     /// The number of the attempt that last registered it, which a hand-over announces.
     attempt: u64,
+    /// Its client (`Queueing::client`), whose mark for the lock must live too.
+    client: u64,
     owner: Arc<str>,
     metadata: String,
     /// When it first queued.
     queued_at: Instant,
+}
+
+/// Whether `waiter`'s place in `record`'s queue lives: its own registration and its client's mark both last.
+fn alive(marks: &HashMap<String, HashMap<u64, Instant>>, record: &str, waiter: &Waiter, now: Instant) -> bool {
+    waiter.expires_at > now && marks.get(record).and_then(|m| m.get(&waiter.client)).is_some_and(|&until| until > now)
 }
 
 /// A record's owner and metadata.
@@ -136,6 +145,10 @@ impl MemoryState {
             q.retain(|w| w.expires_at > now);
             !q.is_empty()
         });
+        self.marks.retain(|_, m| {
+            m.retain(|_, until| *until > now);
+            !m.is_empty()
+        });
         self.after_sweep = self.records.len() + self.fences.len() + self.queues.len();
     }
 
@@ -148,7 +161,7 @@ impl MemoryState {
                 self.queues.remove(&keys.record);
                 return None;
             };
-            if waiter.expires_at > now {
+            if alive(&self.marks, &keys.record, &waiter, now) {
                 break waiter;
             }
         };
@@ -171,7 +184,8 @@ impl MemoryState {
 
     fn enqueue(&mut self, keys: &LockKeys, token: &LockToken, ttl: Duration, queueing: Queueing, holder: Holder<'_>) {
         let queue = self.queues.entry(keys.record.clone()).or_default();
-        let expires_at = Instant::now() + queueing.register;
+        let now = Instant::now();
+        let expires_at = now + queueing.keep;
         let (owner, metadata) = holder;
         match queue.iter_mut().find(|w| w.token == token.as_str()) {
             Some(waiter) => {
@@ -179,6 +193,7 @@ impl MemoryState {
                 waiter.lease = queueing.lease;
                 waiter.ttl = ttl;
                 waiter.attempt = queueing.attempt;
+                waiter.client = queueing.client;
             }
             None => queue.push_back(Waiter {
                 token: token.as_str().to_owned(),
@@ -186,11 +201,13 @@ impl MemoryState {
                 lease: queueing.lease,
                 ttl,
                 attempt: queueing.attempt,
+                client: queueing.client,
                 owner: Arc::clone(owner),
                 metadata: metadata.to_owned(),
                 queued_at: Instant::now(),
             }),
         }
+        self.marks.entry(keys.record.clone()).or_default().insert(queueing.client, now + queueing.register);
     }
 
     fn withdraw(&mut self, keys: &LockKeys, token: &LockToken) {
@@ -389,6 +406,7 @@ impl Store for MemoryBackend {
         state.records.remove(&keys.record);
         // No hand-over: the queue head may be a waiter that died. Every waiter retries; the live ones queue again.
         state.queues.remove(&keys.record);
+        state.marks.remove(&keys.record);
         if let Some(channel) = state.channels.get(&keys.channel()) {
             channel.tx.send_replace(Announcement::Retry);
         }
@@ -416,7 +434,7 @@ impl Store for MemoryBackend {
         Ok(queue
             .iter()
             .take(limit)
-            .filter(|w| w.expires_at > now)
+            .filter(|w| alive(&state.marks, &keys.record, w, now))
             .map(|w| Place {
                 owner: w.owner.to_string(),
                 metadata: w.metadata.clone(),
@@ -473,7 +491,7 @@ mod tests {
         assert_eq!(info.held_for, Duration::from_secs(3), "since the grant, not the renewal");
         assert_eq!(info.remaining_ttl, ttl);
 
-        let queueing = Some(Queueing { register: ttl, lease: ttl, attempt: 1 });
+        let queueing = Some(Queueing { register: ttl, keep: ttl, client: 1, lease: ttl, attempt: 1 });
         assert!(matches!(beta.acquire(&keys, &b, ttl, "second", queueing).await.unwrap(), Attempt::Busy { .. }));
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(alpha.release(&keys, &a, None, None).await.unwrap(), ReleaseOutcome::Released);
@@ -503,7 +521,7 @@ mod tests {
         let short = Duration::from_secs(1);
         assert!(matches!(store.acquire(&b, &holder, short, "", None).await.unwrap(), Attempt::Granted(_)));
         assert!(store.acquire_free(&[(&a, &mine), (&b, &mine_b)], ttl, "").await.unwrap().is_none(), "b held");
-        let queueing = Some(Queueing { register: ttl, lease: ttl, attempt: 1 });
+        let queueing = Some(Queueing { register: ttl, keep: ttl, client: 1, lease: ttl, attempt: 1 });
         assert!(matches!(store.acquire(&b, &waiter, ttl, "", queueing).await.unwrap(), Attempt::Busy { .. }));
         tokio::time::advance(short * 2).await;
         assert!(store.acquire_free(&[(&a, &mine), (&b, &mine_b)], ttl, "").await.unwrap().is_none(), "b queued");

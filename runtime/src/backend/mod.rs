@@ -25,7 +25,7 @@ pub(crate) use self::redis::script_name;
 pub(crate) use self::redis::script_sources;
 pub(crate) use self::redis::{ConnectSettings, RedisBackend, ReplicaAcks, Timeouts};
 pub(crate) use self::redlock::RedlockBackend;
-pub(crate) use self::store::{probe_lock_cycle, Capabilities, Fencing, Store, WakeUps};
+pub(crate) use self::store::{probe_lock_cycle, Capabilities, Fencing, Store, WakeUps, PROBE_CLIENT};
 use crate::observe::timed;
 use crate::{LockError, LockInfo, LockToken, ReleaseOutcome};
 
@@ -118,10 +118,20 @@ pub(crate) struct Renewal<'a> {
 }
 
 /// A waiter's place in the queue, sent with each attempt while waiting.
+///
+/// A place is alive while both its own registration (`keep`, long: refreshed seldom) and its client's mark
+/// for the lock (`register`, short) last. One waiter of each client refreshes that mark for all the client's
+/// waiters of the lock (acquire.rs's `Line`), so waiters cost the store next to nothing while they wait, and
+/// a client that dies leaves the queue, every waiter of it, within `register`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Queueing {
-    /// How long the registration lasts unless refreshed: a waiter that dies leaves the queue after this.
+    /// How long the client's mark for the lock lasts unless refreshed (by this attempt, or another waiter of
+    /// the same client): a client that dies leaves the queue after this.
     pub(crate) register: Duration,
+    /// How long this waiter's own registration lasts unless refreshed: at least `register`.
+    pub(crate) keep: Duration,
+    /// The client's id (random): its waiters' places name it, and its mark is kept per lock.
+    pub(crate) client: u64,
     /// The lease a hand-over grants, until the new holder's first renewal: short, so a waiter that died
     /// just before its turn holds the lock only briefly.
     pub(crate) lease: Duration,

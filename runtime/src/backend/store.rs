@@ -163,11 +163,14 @@ pub(crate) trait Store {
 /// lock's key space, so a missing right or a wrong address fails now, not at the first lock. Another process
 /// probing at the same moment only makes it a no-op. Returns the probe's names, for the store to delete what
 /// the cycle leaves behind (the freed lock's last fencing token).
+/// The client id the startup probe's waiter names (its mark is one of the keys the probe leaves).
+pub(crate) const PROBE_CLIENT: u64 = 1;
+
 pub(crate) async fn probe_lock_cycle<S: Store>(store: &S, prefix: &str) -> Result<LockKeys, LockError> {
     let keys = LockKeys::startup_check(prefix, LockToken::random().as_str());
     let (holder, waiter) = (LockToken::random(), LockToken::random());
     let lease = Duration::from_secs(5);
-    let queueing = Queueing { register: lease, lease, attempt: 1 };
+    let queueing = Queueing { register: lease, keep: lease, client: PROBE_CLIENT, lease, attempt: 1 };
     let _listening = store.watch_releases(&keys, &waiter).await?;
     if let Attempt::Granted(_) = store.acquire(&keys, &holder, lease, "startup probe", None).await? {
         store.acquire(&keys, &waiter, lease, "startup probe", Some(queueing)).await?;

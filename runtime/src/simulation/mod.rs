@@ -488,6 +488,7 @@ impl Sim {
                 owner: format!("client-{index}").into(),
                 renewer: Default::default(),
                 shutdown: Default::default(),
+                lines: Default::default(),
             }),
         }
     }

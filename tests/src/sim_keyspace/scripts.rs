@@ -2,6 +2,9 @@
 
 use super::{Check, Generator, Step, HOLDERS, KEYS, RECORDS, TTLS, VALUES};
 
+/// The clients' ids a queued attempt names (its mark `R:client:<id>` keeps its places alive).
+const CLIENTS: [&str; 2] = ["00000000000000c1", "00000000000000c2"];
+
 /// The ad-hoc scripts: the conversions both ways, `redis.*`, errors, globals, writes before a failure.
 const SNIPPETS: [&str; 61] = [
     "return {1, 2.9, -2.9, 'x', false, true, {ok='fine'}, {err='E bad'}, nil, 4}",
@@ -143,6 +146,8 @@ impl Generator {
                         s(self.field(&["30000", "90000"])),
                         s(self.field(&["20000", "40000"])),
                         s(self.field(&["1", "2", "9"])),
+                        s(self.field(&CLIENTS)),
+                        s(self.field(&["90000", "120000"])),
                     ]);
                 }
                 (vec![record(self)], argv)
@@ -242,6 +247,8 @@ impl Generator {
                     self.field(&["30000", "90000"]).into(),
                     self.field(&["20000", "40000"]).into(),
                     self.field(&["1", "7"]).into(),
+                    self.field(&CLIENTS).into(),
+                    self.field(&["90000", "120000"]).into(),
                 ]),
                 'k' => args.extend([token, self.release_fence(), self.field(&["0", "30000", "90000"]).into()]),
                 's' => args.extend([token, self.release_fence(), self.field(&["0", "30000"]).into(), "1".into()]),

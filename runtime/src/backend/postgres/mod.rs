@@ -47,7 +47,7 @@ impl Statements {
         // µs of an interval, rounded down: a lease is never reported longer than the server has it.
         let us = |interval: &str| format!("floor(extract(epoch FROM {interval}) * 1000000)::bigint");
         Self {
-            acquire: format!("SELECT code, fence, ms FROM {s}.acquire($1, $2, $3, $4, $5, $6, $7, $8)"),
+            acquire: format!("SELECT code, fence, ms FROM {s}.acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"),
             withdraw: format!("SELECT fence, ms FROM {s}.withdraw($1, $2)"),
             // An expired lease is never revived: the lock may be another's by now.
             renew: format!(
@@ -75,6 +75,7 @@ impl Statements {
             // No hand-over: the queue's head may have died. Every waiter is woken to try again.
             force_unlock: format!(
                 "WITH gone AS (DELETE FROM {s}.waiters WHERE key = $1), \
+                 unmarked AS (DELETE FROM {s}.marks WHERE key = $1), \
                  freed AS (UPDATE {s}.locks SET token = NULL, expires_at = clock_timestamp() \
                  WHERE key = $1 AND expires_at > clock_timestamp() RETURNING 1) \
                  SELECT EXISTS (SELECT FROM freed), pg_notify($2, md5($1) || ':*')::text"
@@ -83,14 +84,19 @@ impl Statements {
                 "SELECT key FROM {s}.locks WHERE key > $1 AND expires_at > clock_timestamp() ORDER BY key LIMIT $2"
             ),
             waiters: format!(
-                "SELECT owner, metadata, {} FROM {s}.waiters WHERE key = $1 AND until > clock_timestamp() \
-                 ORDER BY since, token LIMIT $2",
-                us("clock_timestamp() - since")
+                "SELECT w.owner, w.metadata, {} FROM {s}.waiters w \
+                 JOIN {s}.marks m ON m.key = w.key AND m.client = w.client \
+                 WHERE w.key = $1 AND w.until > clock_timestamp() AND m.until > clock_timestamp() \
+                 ORDER BY w.since, w.token LIMIT $2",
+                us("clock_timestamp() - w.since")
             ),
             // Places a minute past their life, then locks a minute past their lease with nobody waiting: the
             // rows left are those of the keys used in the last minute or so. The row an acquire works on is
             // locked, and skipped; an acquire that finds its row gone makes it again.
-            sweep_places: format!("DELETE FROM {s}.waiters WHERE until < clock_timestamp() - interval '1 minute'"),
+            sweep_places: format!(
+                "WITH marks AS (DELETE FROM {s}.marks WHERE until < clock_timestamp() - interval '1 minute') \
+                 DELETE FROM {s}.waiters WHERE until < clock_timestamp() - interval '1 minute'"
+            ),
             sweep_locks: format!(
                 "DELETE FROM {s}.locks WHERE key IN (SELECT l.key FROM {s}.locks l \
                  WHERE l.expires_at < clock_timestamp() - interval '1 minute' \
@@ -199,7 +205,8 @@ impl PostgresBackend {
         let keys = super::probe_lock_cycle(self, prefix).await?;
         // Its freed row, which keeps its last fencing token until the sweep, is what it leaves behind; don't.
         let forget = format!(
-            "WITH places AS (DELETE FROM {s}.waiters WHERE key = $1) DELETE FROM {s}.locks WHERE key = $1",
+            "WITH places AS (DELETE FROM {s}.waiters WHERE key = $1), marks AS (DELETE FROM {s}.marks WHERE key = $1) \
+             DELETE FROM {s}.locks WHERE key = $1",
             s = self.schema
         );
         let params: [(&(dyn ToSql + Sync), Type); 1] = [(&keys.record, Type::TEXT)];
@@ -279,9 +286,12 @@ impl Store for PostgresBackend {
         metadata: &str,
         queueing: Option<Queueing>,
     ) -> Result<Attempt, LockError> {
-        let (register, lease, attempt) = queueing
-            .map_or((0, 0, 0), |q| (millis(q.register), millis(q.lease), i64::try_from(q.attempt).unwrap_or(i64::MAX)));
-        let params: [(&(dyn ToSql + Sync), Type); 8] = [
+        let (register, lease, attempt, client, keep) = queueing.map_or((0, 0, 0, 0, 0), |q| {
+            let attempt = i64::try_from(q.attempt).unwrap_or(i64::MAX);
+            // The id's bits as a bigint: any u64 is a client id.
+            (millis(q.register), millis(q.lease), attempt, q.client as i64, millis(q.keep))
+        });
+        let params: [(&(dyn ToSql + Sync), Type); 10] = [
             (&keys.record, Type::TEXT),
             (&token.as_str(), Type::TEXT),
             (&millis(ttl), Type::INT8),
@@ -290,6 +300,8 @@ impl Store for PostgresBackend {
             (&register, Type::INT8),
             (&lease, Type::INT8),
             (&attempt, Type::INT8),
+            (&client, Type::INT8),
+            (&keep, Type::INT8),
         ];
         let reply = self
             .query(Some(keys), &self.sql.acquire, &params, |rows| {

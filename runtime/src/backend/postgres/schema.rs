@@ -10,7 +10,7 @@ const SCHEMA_SQL: &str = include_str!("schema.sql");
 /// The schema's version: `<schema>.schema_version()` answers it once [`SCHEMA_SQL`] is loaded. Raise it with
 /// every change to schema.sql; a client that finds an older one loads its own (every statement of it is
 /// idempotent).
-const VERSION: i32 = 1;
+const VERSION: i32 = 2;
 
 /// The default schema's name.
 pub(crate) const DEFAULT_SCHEMA: &str = "distlock";

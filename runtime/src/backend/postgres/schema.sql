@@ -11,7 +11,8 @@
 -- (`clock_timestamp()`, never `now()`, which is the transaction's start), set after the row lock is held, so a
 -- lease never ends before its send time + ttl.
 --
--- Keys touched: `locks` (the lock's row), `waiters` (its places), `fence` (the sequence).
+-- Keys touched: `locks` (the lock's row), `waiters` (its places), `marks` (its waiting clients' marks), `fence`
+-- (the sequence).
 
 CREATE SCHEMA IF NOT EXISTS {schema};
 
@@ -35,8 +36,9 @@ CREATE TABLE IF NOT EXISTS {schema}.locks (
     released_by text
 ) WITH (fillfactor = 70);
 
--- A waiter's place: alive until `until` (its attempts refresh it); `lease_ms` is the lease a hand-over to it
--- grants, `attempt` the number of the attempt that registered it (announced with the hand-over).
+-- A waiter's place: alive until `until` (its attempts refresh it, seldom) while its client's mark lives too;
+-- `lease_ms` is the lease a hand-over to it grants, `attempt` the number of the attempt that registered it
+-- (announced with the hand-over), `client` its client's id.
 CREATE TABLE IF NOT EXISTS {schema}.waiters (
     key text COLLATE "C" NOT NULL,
     token text NOT NULL,
@@ -49,6 +51,16 @@ CREATE TABLE IF NOT EXISTS {schema}.waiters (
     PRIMARY KEY (key, token)
 ) WITH (fillfactor = 70);
 CREATE INDEX IF NOT EXISTS waiters_by_arrival ON {schema}.waiters (key, since, token);
+ALTER TABLE {schema}.waiters ADD COLUMN IF NOT EXISTS client bigint NOT NULL DEFAULT 0;
+
+-- A waiting client's mark for a lock: its places there live until `until`. One waiter of the client refreshes
+-- it for all of them (often), so a client that dies leaves the queue, every waiter of it, when its mark ends.
+CREATE TABLE IF NOT EXISTS {schema}.marks (
+    key text COLLATE "C" NOT NULL,
+    client bigint NOT NULL,
+    until timestamptz NOT NULL,
+    PRIMARY KEY (key, client)
+);
 
 -- hand_over(k, h, at, by) → the new fencing token. Gives the lock `k` (its row locked by the caller) to the
 -- waiter `h` for the lease it registered, as a new grant at `at`, removes its place, and announces
@@ -69,15 +81,17 @@ BEGIN
     RETURN f;
 END $$;
 
--- acquire(k, t, ttl ms, owner, metadata, register ms, hand-over lease ms, attempt) → (code, fence, ms): one
+-- acquire(k, t, ttl ms, owner, metadata, register ms, hand-over lease ms, attempt, client, keep ms) → (code,
+-- fence, ms): one
 -- attempt by token `t`. code 1: granted, for `ms` from now (the ttl, or longer when a grant of `t` already
 -- runs longer: a claimed hand-over, or this attempt landing twice); code 0: busy, `fence` the holder's and `ms`
 -- what its lease has left. A free lock goes to the longest-waiting live waiter first: to `t` if that is `t` (or
 -- nobody waits), else to that waiter by a hand-over. A busy attempt with `register` > 0 takes or refreshes its
--- place in line, alive for `register`.
+-- place in line, alive for `keep`, and its client's mark, alive for `register`.
+DROP FUNCTION IF EXISTS {schema}.acquire(text, text, bigint, text, text, bigint, bigint, bigint);
 CREATE OR REPLACE FUNCTION {schema}.acquire(
-    k text, t text, ttl bigint, own text, meta text, reg bigint, lease bigint, attempt bigint,
-    OUT code int, OUT fence bigint, OUT ms bigint)
+    k text, t text, ttl bigint, own text, meta text, reg bigint, lease bigint, attempt bigint, cli bigint,
+    keep bigint, OUT code int, OUT fence bigint, OUT ms bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     r {schema}.locks;
@@ -107,7 +121,8 @@ BEGIN
         RETURN;
     END IF;
     IF r.expires_at <= at THEN
-        SELECT * INTO h FROM {schema}.waiters w WHERE w.key = k AND w.until > at ORDER BY w.since, w.token LIMIT 1;
+        SELECT w.* INTO h FROM {schema}.waiters w JOIN {schema}.marks m ON m.key = k AND m.client = w.client
+        WHERE w.key = k AND w.until > at AND m.until > at ORDER BY w.since, w.token LIMIT 1;
         IF NOT FOUND OR h.token = t THEN
             UPDATE {schema}.locks l
             SET token = t, fence = nextval('{schema}.fence'), granted_at = at,
@@ -124,9 +139,11 @@ BEGIN
     END IF;
     IF reg > 0 THEN
         INSERT INTO {schema}.waiters
-        VALUES (k, t, at, at + reg * interval '1 millisecond', lease, attempt, own, meta)
+        VALUES (k, t, at, at + keep * interval '1 millisecond', lease, attempt, own, meta, cli)
         ON CONFLICT (key, token) DO UPDATE
         SET until = EXCLUDED.until, lease_ms = EXCLUDED.lease_ms, attempt = EXCLUDED.attempt;
+        INSERT INTO {schema}.marks VALUES (k, cli, at + reg * interval '1 millisecond')
+        ON CONFLICT (key, client) DO UPDATE SET until = EXCLUDED.until;
     END IF;
     code := 0;
     fence := r.fence;
@@ -162,7 +179,8 @@ BEGIN
         WHERE l.key = k;
         RETURN 1;
     END IF;
-    SELECT * INTO h FROM {schema}.waiters w WHERE w.key = k AND w.until > at ORDER BY w.since, w.token LIMIT 1;
+    SELECT w.* INTO h FROM {schema}.waiters w JOIN {schema}.marks m ON m.key = k AND m.client = w.client
+    WHERE w.key = k AND w.until > at AND m.until > at ORDER BY w.since, w.token LIMIT 1;
     IF FOUND THEN
         PERFORM {schema}.hand_over(k, h, at, t);
     ELSE

@@ -57,6 +57,9 @@ pub(super) enum Op<'a> {
         register_ms: u64,
         lease_ms: u64,
         attempt: u64,
+        /// The client's id (`Queueing::client`) and how long the place lasts unless refreshed (`keep`).
+        client: u64,
+        keep_ms: u64,
         /// For a store without queue or fencing tokens (Redlock's servers): [`ACQUIRE_PLAIN`], which takes
         /// the first three arguments (`register_ms` is then 0) and this, the server's lock-state mark.
         plain: Option<Arc<str>>,
@@ -68,19 +71,31 @@ pub(super) enum Op<'a> {
 impl Op<'_> {
     fn into_owned(self) -> Op<'static> {
         match self {
-            Op::Acquire { record, token, ttl_ms, owner, metadata, register_ms, lease_ms, attempt, plain } => {
-                Op::Acquire {
-                    record: Cow::Owned(record.into_owned()),
-                    token,
-                    ttl_ms,
-                    owner,
-                    metadata: Cow::Owned(metadata.into_owned()),
-                    register_ms,
-                    lease_ms,
-                    attempt,
-                    plain,
-                }
-            }
+            Op::Acquire {
+                record,
+                token,
+                ttl_ms,
+                owner,
+                metadata,
+                register_ms,
+                lease_ms,
+                attempt,
+                client,
+                keep_ms,
+                plain,
+            } => Op::Acquire {
+                record: Cow::Owned(record.into_owned()),
+                token,
+                ttl_ms,
+                owner,
+                metadata: Cow::Owned(metadata.into_owned()),
+                register_ms,
+                lease_ms,
+                attempt,
+                client,
+                keep_ms,
+                plain,
+            },
             Op::Release { record, token, fence, keep_ms } => {
                 Op::Release { record: Cow::Owned(record.into_owned()), token, fence, keep_ms }
             }
@@ -131,13 +146,25 @@ impl Op<'_> {
     /// `again` says so after its keep.
     fn write_args(&self, cmd: &mut Cmd, again: bool) {
         match self {
-            Op::Acquire { token, ttl_ms, owner, metadata, register_ms, lease_ms, attempt, plain, .. } => {
+            Op::Acquire {
+                token,
+                ttl_ms,
+                owner,
+                metadata,
+                register_ms,
+                lease_ms,
+                attempt,
+                client,
+                keep_ms,
+                plain,
+                ..
+            } => {
                 cmd.arg(token.as_str()).arg(ttl_ms);
                 write_holder(&mut cmd.writer_for_next_arg(), owner, metadata);
                 if let Some(mark) = plain {
                     cmd.arg(&**mark);
                 } else if *register_ms > 0 {
-                    cmd.arg(register_ms).arg(lease_ms).arg(attempt);
+                    cmd.arg(register_ms).arg(lease_ms).arg(attempt).arg(client_id(*client)).arg(keep_ms);
                 }
             }
             Op::Release { token, fence, keep_ms, .. } => {
@@ -441,7 +468,7 @@ pub(crate) fn batch_arity(letter: u8) -> Option<usize> {
     Some(match letter {
         b'a' => 3, // token, ttl, holder
         b'b' => 1, // token: ttl and holder as the last 'a'
-        b'q' => 6, // token, ttl, holder, register, lease, attempt
+        b'q' => 8, // token, ttl, holder, register, lease, attempt, client, keep
         b'p' => 4, // token, ttl, holder, the group's lock-state mark
         b'r' => 2, // token, fence
         b'k' => 3, // token, fence, keep
@@ -535,3 +562,8 @@ async fn call_many(conn: &impl Transport, ops: &[Op<'_>]) -> Vec<Reply> {
 #[cfg(test)]
 #[path = "batch_tests.rs"]
 mod tests;
+
+/// A client's id as the scripts name its mark (`R:client:<id>`): 16 hex digits.
+pub(super) fn client_id(client: u64) -> String {
+    format!("{client:016x}")
+}

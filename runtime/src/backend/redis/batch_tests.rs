@@ -69,6 +69,8 @@ fn acquire(record: &str) -> Op<'static> {
         register_ms: 0,
         lease_ms: 0,
         attempt: 0,
+        client: 0,
+        keep_ms: 0,
         plain: None,
     }
 }
@@ -337,8 +339,8 @@ fn an_acquire_repeating_the_last_one_s_ttl_and_holder_sends_its_token_alone() {
     if let Op::Acquire { ttl_ms, .. } = &mut a3 {
         *ttl_ms = 2000;
     }
-    if let Op::Acquire { register_ms, lease_ms, attempt, .. } = &mut queueing {
-        (*register_ms, *lease_ms, *attempt) = (300, 300, 7);
+    if let Op::Acquire { register_ms, lease_ms, attempt, client, keep_ms, .. } = &mut queueing {
+        (*register_ms, *lease_ms, *attempt, *client, *keep_ms) = (300, 300, 7, 0xab, 9000);
     }
     let ops = [acquire("a1"), acquire("a2"), a3, queueing, acquire("a4"), release("r"), acquire("a5")];
     let token = |i: usize| match &ops[i] {
@@ -360,6 +362,8 @@ fn an_acquire_repeating_the_last_one_s_ttl_and_holder_sends_its_token_alone() {
         b"300".to_vec(),
         b"300".to_vec(),
         b"7".to_vec(),
+        b"00000000000000ab".to_vec(),
+        b"9000".to_vec(),
         token(4),
         b"1000".to_vec(),
         holder.clone(),
@@ -389,8 +393,8 @@ fn an_acquire_repeating_the_last_one_s_ttl_and_holder_sends_its_token_alone() {
 fn each_operation_writes_as_many_arguments_as_its_letter_takes() {
     use super::{batch_arity, batch_letters, write_batch_args};
     let mut queueing = acquire("q");
-    if let Op::Acquire { register_ms, lease_ms, attempt, .. } = &mut queueing {
-        (*register_ms, *lease_ms, *attempt) = (300, 300, 7);
+    if let Op::Acquire { register_ms, lease_ms, attempt, client, keep_ms, .. } = &mut queueing {
+        (*register_ms, *lease_ms, *attempt, *client, *keep_ms) = (300, 300, 7, 0xab, 9000);
     }
     let mut plain = acquire("p");
     if let Op::Acquire { plain: mark, .. } = &mut plain {

@@ -218,11 +218,13 @@ impl RedisBackend {
     /// The startup probe ([`probe_lock_cycle`](crate::backend::probe_lock_cycle)), then its keys deleted.
     async fn probe_lock_cycle(&self, prefix: &str) -> Result<(), LockError> {
         let keys = crate::backend::probe_lock_cycle(self, prefix).await?;
-        // The probe's freed record and its hand-over's R:last, which keep its last fencing token for a lease,
-        // are the keys it leaves behind; don't.
+        // The probe's freed record and its hand-over's R:last, which keep its last fencing token for a lease, and
+        // its waiter's client mark are the keys it leaves behind; don't.
         let mut conn = self.commands.clone();
         let last = format!("{}:last", keys.record);
-        let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(&keys.record).arg(&last).query_async(&mut conn).await;
+        let mark = format!("{}:client:{}", keys.record, super::batch::client_id(crate::backend::PROBE_CLIENT));
+        let _: redis::RedisResult<i64> =
+            redis::cmd("DEL").arg(&keys.record).arg(&last).arg(&mark).query_async(&mut conn).await;
         Ok(())
     }
 }

@@ -124,8 +124,8 @@ impl RedisBackend {
         metadata: &str,
         queueing: Option<Queueing>,
     ) -> Result<Attempt, LockError> {
-        let (register, lease, attempt) =
-            queueing.map_or((0, 0, 0), |q| (millis(q.register), millis(q.lease), q.attempt));
+        let (register, lease, attempt, client, keep) = queueing
+            .map_or((0, 0, 0, 0, 0), |q| (millis(q.register), millis(q.lease), q.attempt, q.client, millis(q.keep)));
         let op = Op::Acquire {
             record: Cow::Borrowed(&keys.record),
             token: token.clone(),
@@ -135,6 +135,8 @@ impl RedisBackend {
             register_ms: register,
             lease_ms: lease,
             attempt,
+            client,
+            keep_ms: keep,
             plain: self.plain.clone(),
         };
         let epoch = self.commands.epoch();

@@ -398,7 +398,7 @@ mod tests {
                 .filter(|l| !l.starts_with("-- #include"))
                 .collect::<Vec<_>>()
                 .join("\n");
-            for suffix in [":queue", ":waiter:", ":last", ":released"] {
+            for suffix in [":queue", ":waiter:", ":client:", ":last", ":released"] {
                 if script.source.contains(&format!("'{suffix}'")) && !header.contains(&format!("R{suffix}")) {
                     unnamed.push(format!("{name}: R{suffix}"));
                 }

@@ -347,8 +347,11 @@ fn production_scripts_hand_a_lock_over_and_announce_it() {
     let mut sim = SimRedis::new();
     let granted = run(&mut sim, NOW, &["EVAL", acquire, "1", "{k}", holder, "30000", "5:owner"]);
     assert_eq!(granted, redis::Value::Int(NOW), "the fast path's fence is the server's clock in µs");
-    let busy =
-        run(&mut sim, NOW + 1, &["EVAL", acquire, "1", "{k}", waiter, "30000", "5:other", "60000", "20000", "3"]);
+    let busy = run(
+        &mut sim,
+        NOW + 1,
+        &["EVAL", acquire, "1", "{k}", waiter, "30000", "5:other", "60000", "20000", "3", "00000000000000c1", "90000"],
+    );
     assert_eq!(busy, redis::Value::Array(vec![int(0), bulk(&NOW.to_string()), int(30000)]));
     let released = sim.execute(NOW + 2, &args(&["EVAL", release, "1", "{k}", holder]));
     assert_eq!(released.reply, int(1));

@@ -1,13 +1,13 @@
 -- BATCH: several acquires and releases, of any locks, in one call. Redis spends most of a small script's
 -- time on the call itself, so under load one call for many operations is what keeps up with plain SET/DEL.
 -- KEYS: each operation's record R, in order. Each operation also touches what ACQUIRE and RELEASE do, derived
---   from its R (same hash slot): R:queue, R:waiter:<token> (its own and a hand-over heir's), R:last, and it
---   publishes on R:released.
+--   from its R (same hash slot): R:queue, R:waiter:<token> (its own and a hand-over heir's),
+--   R:client:<client> (its client's and the heir's), R:last, and it publishes on R:released.
 -- ARGV[1]: one letter per operation; then each operation's arguments, in order:
 --   a  acquire: token, ttl ms, holder
 --   b  acquire with the ttl and holder of the last 'a' before it in this call: token
 --   p  acquire on a store without queue or fencing (ACQUIRE_PLAIN): token, ttl ms, holder, lock-state mark
---   q  acquire and queue: token, ttl ms, holder, register ms, hand-over lease ms, attempt
+--   q  acquire and queue: token, ttl ms, holder, register ms, hand-over lease ms, attempt, client, keep ms
 --   r  release: token, the grant's fencing token
 --   k  release but keep: token, fencing token, keep ms
 --   s  release sent again (the first send's outcome unknown): token, fencing token, keep ms, 1

@@ -34,7 +34,7 @@ local function run_batch(records, at, ops, a)
           -- #include grant
           out[i] = fence
         else
-          code, fence, ms = slow().acquire(R, token, ttl, holder, '0', '0', '0', v)
+          code, fence, ms = slow().acquire(R, token, ttl, holder, '0', '0', '0', '0', '0', v)
         end
       elseif op == 114 then
         a = t + 2
@@ -54,8 +54,9 @@ local function run_batch(records, at, ops, a)
         a = t + 4
         out[i] = slow().release(R, ARGV[t], ARGV[t + 2], redis.call('get', R), true, ARGV[t + 1])
       elseif op == 113 then
-        a = t + 6
-        code, fence, ms = slow().acquire(R, ARGV[t], ARGV[t + 1], ARGV[t + 2], ARGV[t + 3], ARGV[t + 4], ARGV[t + 5])
+        a = t + 8
+        code, fence, ms = slow().acquire(R, ARGV[t], ARGV[t + 1], ARGV[t + 2], ARGV[t + 3], ARGV[t + 4], ARGV[t + 5],
+          ARGV[t + 6], ARGV[t + 7])
       elseif op == 112 then
         a = t + 4
         code, fence, ms = slow().acquire_plain(R, ARGV[t], ARGV[t + 1], ARGV[t + 2], ARGV[t + 3])

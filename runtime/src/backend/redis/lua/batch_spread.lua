@@ -5,7 +5,7 @@
 --   record's slot, see acquire.lua). An operation whose record the node does not serve (its slot moved) fails
 --   alone, before writing anything, and the client sends it again in a call of its own. Each operation also
 --   touches what BATCH's do, derived from its record R: R:queue, R:waiter:<token> (its own and a hand-over
---   heir's), R:last, and it publishes on R:released.
+--   heir's), R:client:<client> (its client's and the heir's), R:last, and it publishes on R:released.
 -- ARGV[1]: one letter per operation, as BATCH's; then each operation's record, in order; then the operations'
 --   arguments as BATCH takes them.
 -- Reply: as BATCH's.

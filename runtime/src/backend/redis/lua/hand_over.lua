@@ -9,7 +9,8 @@ local function released_by(R, half, fence)
   return by == half and (fence == '' or of == '' or of == fence)
 end
 -- hand_over(R, last, half) → the heir's token, or nil when nobody waits. Gives the free lock R to the
--- longest-waiting waiter still refreshing its place, for the hand-over lease it registered, as a new grant
+-- longest-waiting waiter whose place and client's mark (queue.lua) are still refreshed, for the hand-over
+-- lease it registered, as a new grant
 -- (its time now, the holder field the heir registered: its owner and metadata), and announces
 -- `<heir>:<fence>:<lease ms>:<attempt>` on `<R>:released` (by SPUBLISH on a Redis Cluster: scripts.rs), where
 -- <attempt> is the number of the heir's attempt whose registration the hand-over used: the heir trusts the
@@ -22,11 +23,12 @@ local function hand_over(R, last, half)
   while true do
     local heir = redis.call('zpopmin', Q)[1]
     if not heir then return nil end
-    -- A waiter that stopped refreshing its place has no details left: Redis expired them.
+    -- A waiter that stopped refreshing its place has no details left, one whose client stopped refreshing its
+    -- mark no mark: Redis expired them.
     local w = redis.call('getdel', R .. ':waiter:' .. heir)
-    local lease, ttl, attempt, holder
-    if w then lease, ttl, attempt, holder = string.match(w, '^(%d+):(%d+):(%d+):(.*)$') end
-    if holder then
+    local lease, ttl, attempt, client, holder
+    if w then lease, ttl, attempt, client, holder = string.match(w, '^(%d+):(%d+):(%d+):(%x+):(.*)$') end
+    if holder and redis.call('exists', R .. ':client:' .. client) == 1 then
       local fence, now = next_fence(last)
       redis.call('set', R, heir .. '+' .. fence .. ':' .. now .. ':' .. holder, 'px', lease)
       redis.call('set', R .. ':last', fence .. ':' .. (half or '') .. ':' .. (half and last or ''), 'px', ttl)

@@ -1,7 +1,7 @@
 -- RELEASE: gives a lock back.
--- KEYS[1]: the record R, left FREED (record.lua) when nobody takes it over. A hand-over also touches R:queue
---   and R:waiter:<heir> (same hash slot) and publishes on R:released; a hand-over, min_hold and a release
---   sent again read or write R:last.
+-- KEYS[1]: the record R, left FREED (record.lua) when nobody takes it over. A hand-over also touches R:queue,
+--   R:waiter:<heir> and R:client:<heir's client> (same hash slot) and publishes on R:released; a hand-over,
+--   min_hold and a release sent again read or write R:last.
 -- ARGV: token, the grant's fencing token ('' if unknown)[, keep ms ('0' when left out: free it now)[, '1': sent
 --   again, the first send's outcome unknown]].
 -- Reply: RELEASED, EXPIRED, TAKEN_BY_OTHER or UNCONFIRMED, as `release` returns them.

@@ -1,5 +1,6 @@
 -- WITHDRAW: a waiter leaves the queue.
--- KEYS[1]: the record R. Also touches R:queue and R:waiter:<token> (same hash slot).
+-- KEYS[1]: the record R. Also touches R:queue and R:waiter:<token> (same hash slot); not R:client:<client>, which
+--   lasts until it expires (the client's other waiters may need it; queue.lua, included, writes it).
 -- ARGV: token.
 -- Reply: {fence, PTTL} if the lock was handed to this token meanwhile (it now holds it), else {NOT_HANDED, 0}.
 -- #include record queue
