@@ -16,7 +16,7 @@ async fn ls_show_and_release_work_on_postgres_and_migrate_makes_a_named_schema()
     let migrated = distlock(&["--postgres", &url, "--schema", "ops_locks", "migrate"], None).await;
     assert_exit(&migrated, 0);
     assert!(stdout(&migrated).contains("ops_locks"), "{}", stdout(&migrated));
-    assert_eq!(server.psql("SELECT ops_locks.schema_version()"), "1");
+    assert_eq!(server.psql("SELECT ops_locks.schema_version()"), "2");
 
     let client = distlock::Client::builder().postgres(&url).owner("web-3").build().await.expect("client");
     let report = client.lock("report:1").ttl(TTL).metadata("monthly").acquire().await.expect("acquire");
