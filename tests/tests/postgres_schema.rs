@@ -17,10 +17,26 @@ fn server() -> PostgresServer {
     server
 }
 
-/// One attempt: `(code, fence, ms)`.
+/// One attempt: `(code, fence, ms)`. Each token is a client of its own (`t7`: client 7), and its place lasts as
+/// long as its client's mark (`register`).
 fn acquire(pg: &PostgresServer, key: &str, token: &str, ttl: u64, register: u64, lease: u64) -> (u8, u64, u64) {
-    let row =
-        pg.psql(&format!("SELECT * FROM dl.acquire('{key}', '{token}', {ttl}, 'owner', '', {register}, {lease}, 1)"));
+    acquire_kept(pg, key, token, ttl, register, lease, register)
+}
+
+/// One attempt whose place lasts `keep`, its client's mark `register`.
+fn acquire_kept(
+    pg: &PostgresServer,
+    key: &str,
+    token: &str,
+    ttl: u64,
+    register: u64,
+    lease: u64,
+    keep: u64,
+) -> (u8, u64, u64) {
+    let client: u64 = token.trim_start_matches('t').parse().unwrap_or(0);
+    let row = pg.psql(&format!(
+        "SELECT * FROM dl.acquire('{key}', '{token}', {ttl}, 'owner', '', {register}, {lease}, 1, {client}, {keep})"
+    ));
     let fields: Vec<u64> = row.split('|').map(|f| f.parse().unwrap_or_else(|_| panic!("bad reply {row}"))).collect();
     match fields.as_slice() {
         [code, fence, ms] => (u8::try_from(*code).expect("code"), *fence, *ms),
@@ -105,6 +121,19 @@ fn min_hold_keeps_the_lock_busy_with_no_holder_until_it_ends() {
     assert_eq!(release(&pg, "k", "t1", 0), RELEASED, "t1's release, sent again");
 }
 
+/// A place lives only while its client's mark does: t2's own place lasts a minute, its client's mark 100 ms
+/// (its client stopped refreshing it), so the release hands the lock past it to t3.
+#[test]
+fn a_place_whose_client_s_mark_ran_out_is_skipped() {
+    let pg = server();
+    acquire(&pg, "k", "t1", MINUTE, 0, 0);
+    assert_eq!(acquire_kept(&pg, "k", "t2", MINUTE, 100, MINUTE, MINUTE).0, BUSY);
+    assert_eq!(acquire(&pg, "k", "t3", MINUTE, MINUTE, MINUTE).0, BUSY);
+    pg.psql("SELECT pg_sleep(0.3)");
+    assert_eq!(release(&pg, "k", "t1", 0), RELEASED);
+    assert_eq!(holder(&pg, "k").0, "t3", "the lock went to a place whose client's mark had run out");
+}
+
 #[test]
 fn a_withdrawn_place_is_skipped_and_a_hand_over_that_came_first_is_reported() {
     let pg = server();
@@ -142,7 +171,8 @@ fn a_hand_over_is_announced_to_the_heir_after_its_commit() {
 #[test]
 fn any_isolation_but_read_committed_is_refused_with_a_clear_error() {
     let pg = server();
-    let sql = "BEGIN ISOLATION LEVEL SERIALIZABLE; SELECT * FROM dl.acquire('k', 't1', 1000, 'o', '', 0, 0, 0); COMMIT";
+    let sql =
+        "BEGIN ISOLATION LEVEL SERIALIZABLE; SELECT * FROM dl.acquire('k', 't1', 1000, 'o', '', 0, 0, 0, 0, 0); COMMIT";
     let error = pg.try_psql(sql).expect_err("a serializable acquire was accepted");
     assert!(error.contains("distlock needs READ COMMITTED, not serializable"), "{error}");
     assert_eq!(pg.psql("SELECT count(*) FROM dl.locks WHERE token IS NOT NULL"), "0");

@@ -303,8 +303,8 @@ async fn late_claim_acknowledged(fx: Fixture, key: &'static str, wait_runs_out: 
 // ---------------------------------------------------------------------------------------------------------
 
 /// How many arguments MONITOR shows for a queued ACQUIRE: EVALSHA, sha, 1, record, token, ttl, holder, register,
-/// hand-over lease, attempt.
-const QUEUED_ACQUIRE_ARGS: usize = 10;
+/// hand-over lease, attempt, client, keep.
+const QUEUED_ACQUIRE_ARGS: usize = 12;
 
 /// Acquire calls by client command (not a script's inner calls) on `record`: the argument lists.
 fn acquire_calls(lines: &[String], record: &str) -> Vec<Vec<String>> {

@@ -288,3 +288,34 @@ async fn a_dead_client_s_waiters_are_all_skipped_at_hand_over() {
     guard.release().await.unwrap();
     drop(dead);
 }
+
+/// A waiter made first in its client's line whose last attempt is recent (well within the hand-over lease it
+/// registered) sends nothing: a hand-over to it is dated from that attempt, so it trusts the announcement. Three
+/// waiters served one after another by hand-overs cost no attempt at all once queued.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_made_first_soon_after_its_last_attempt_sends_nothing() {
+    let store = MemoryBackend::new("t".into());
+    let client = client_on(store.clone());
+    let holder = client.lock("k").ttl(Duration::from_secs(60)).acquire().await.unwrap();
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        let request = client.lock("k").ttl(Duration::from_secs(60)).wait(Duration::from_secs(60));
+        let request = request.retry(RetryStrategy::Linear { step: Duration::from_secs(1) });
+        waiters.push(crate::hooks::spawn(async move {
+            let guard = request.acquire().await.expect("served");
+            // Held a while: the next waiter is made first now, and handed the lock only later.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            guard.release().await.unwrap();
+        }));
+        while client.inner.lines.len(&client.record_key("k")) < i + 1 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let before = store.acquire_calls();
+    holder.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    assert_eq!(store.acquire_calls() - before, 0, "attempts after the release, for three announced hand-overs");
+}
