@@ -184,8 +184,8 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
     let deadline = started.checked_add(wait).unwrap_or(started + FOREVER);
     let mut releases = None;
     let mut waiting = false;
-    // This waiter's place in its client's line for the lock, once it queues.
-    let mut in_line: Option<line::InLine> = None;
+    // The line's generation its last queued attempt registered under (line.rs).
+    let mut registered = 0;
     // Held while waiting, for the `distlock_waiting` gauge (feature `metrics`).
     let mut _waiting_gauge = None;
     // An announcement handed the lock to this waiter, and the next attempt claims it.
@@ -199,7 +199,17 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
         attempts += 1;
         // Queue only once waiting, and listening where the store announces: a hand-over announced before
         // that could be missed.
-        let queueing = (waiting && capabilities.fair_queue).then(|| queueing(request, retries + 1, attempts));
+        let queueing = (waiting && capabilities.fair_queue).then(|| {
+            let (client, generation) = match pending.in_line.as_ref() {
+                Some(in_line) => {
+                    let generation = in_line.state().1;
+                    (in_line.client_id(generation), generation)
+                }
+                None => (request.client.inner.lines.id, 0),
+            };
+            registered = generation;
+            queueing(request, retries + 1, attempts, client)
+        });
         pending.queued |= queueing.is_some();
         pending.in_flight = true;
         let sent = Instant::now();
@@ -262,12 +272,12 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
                 }
             }
             if capabilities.fair_queue {
-                in_line = Some(request.client.inner.lines.join(&pending.keys.record));
+                pending.in_line = Some(request.client.inner.lines.join(&pending.keys.record));
                 continue; // take a place in the queue at once
             }
         }
         retries += 1;
-        let first = in_line.as_ref().is_none_or(line::InLine::is_first);
+        let first = pending.in_line.as_ref().is_none_or(line::InLine::is_first);
         let refresh = refresh_interval(request, retries);
         let mut until = if first {
             (now + remaining.map_or(refresh, |r| refresh.min(r)).max(Duration::from_millis(1))).min(deadline)
@@ -277,41 +287,44 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
             let seldom = RetryStrategy::Linear { step: line::SELDOM }.delay(1).unwrap_or(line::SELDOM);
             (now + refresh.max(seldom)).min(deadline)
         };
-        // Resolves once this waiter is first, when it was not: it then keeps the client's mark on its retry
+        // Wait for our hand-over, a reason to retry, or the time to refresh our place.
+        // `promoted` resolves once this waiter is first, when it was not: it then keeps the client's mark on its retry
         // schedule, and refreshes its place at once if a hand-over using its registration could not be dated
         // (its last attempt more than half its hand-over lease ago: the hand-over would be claimed, one round
-        // trip later).
-        let promoted = async {
-            match in_line.as_ref() {
-                Some(in_line) if !first => in_line.first().await,
-                _ => std::future::pending().await,
-            }
-        };
-        tokio::pin!(promoted);
-        let mut was_promoted = false;
-        let stale = |now: Instant| last_busy.is_none_or(|busy| now >= busy.sent + busy.lease / 2);
-        // Wait for our hand-over, a reason to retry, or the time to refresh our place.
-        let handed = loop {
-            // Biased, as every select! in the engine: ties resolve the same way on every run (tokio's random
-            // pick cannot be seeded), so a simulated schedule replays exactly.
-            tokio::select! {
-                biased;
-                announcement = next_announcement(&mut releases) => {
-                    if let Some(hold) = announcement.handed_to(&pending.token) {
-                        break Some(hold);
-                    }
-                    if announcement == Announcement::Retry {
-                        break None;
-                    }
+        // trip later). Or once the line was renamed: it registers again at once.
+        let handed = {
+            let in_line = pending.in_line.as_ref();
+            let promoted = async {
+                match in_line {
+                    Some(in_line) => in_line.changed(first, registered).await,
+                    None => std::future::pending().await,
                 }
-                () = tokio::time::sleep_until(until) => break None,
-                () = &mut promoted, if !was_promoted => {
-                    was_promoted = true;
-                    let now = Instant::now();
-                    if stale(now) {
-                        break None;
+            };
+            tokio::pin!(promoted);
+            let mut was_promoted = false;
+            let stale = |now: Instant| last_busy.is_none_or(|busy| now >= busy.sent + busy.lease / 2);
+            loop {
+                // Biased, as every select! in the engine: ties resolve the same way on every run (tokio's random
+                // pick cannot be seeded), so a simulated schedule replays exactly.
+                tokio::select! {
+                    biased;
+                    announcement = next_announcement(&mut releases) => {
+                        if let Some(hold) = announcement.handed_to(&pending.token) {
+                            break Some(hold);
+                        }
+                        if announcement == Announcement::Retry {
+                            break None;
+                        }
                     }
-                    until = until.min(now + refresh);
+                    () = tokio::time::sleep_until(until) => break None,
+                    change = &mut promoted, if !was_promoted => {
+                        was_promoted = true;
+                        let now = Instant::now();
+                        if change == line::Change::Renamed || stale(now) {
+                            break None;
+                        }
+                        until = until.min(now + refresh);
+                    }
                 }
             }
         };
@@ -445,9 +458,8 @@ fn refresh_interval(request: &LockRequest, retry: u32) -> Duration {
 
 /// The registration sent with attempt number `attempt`: the client's mark outlives two missed refreshes of
 /// its first waiter, the place two of its own (seldom, unless first); a hand-over lease no longer than the mark.
-fn queueing(request: &LockRequest, retry: u32, attempt: u64) -> Queueing {
+fn queueing(request: &LockRequest, retry: u32, attempt: u64, client: u64) -> Queueing {
     let register = refresh_interval(request, retry) * 3 + Duration::from_millis(100);
-    let client = request.client.inner.lines.id;
     Queueing { register, keep: register.max(line::KEEP), client, lease: register.min(request.ttl), attempt }
 }
 
@@ -463,12 +475,14 @@ struct Pending {
     in_flight: bool,
     queued: bool,
     activity: Option<Activity>,
+    /// Its place in its client's line for the lock, once it queues.
+    in_line: Option<line::InLine>,
 }
 
 impl Pending {
     fn new(client: &Client, keys: LockKeys, token: LockToken) -> Self {
         let activity = Some(client.inner.shutdown.activity());
-        Self { client: client.clone(), keys, token, in_flight: false, queued: false, activity }
+        Self { client: client.clone(), keys, token, in_flight: false, queued: false, activity, in_line: None }
     }
 
     /// The request ended with an answer: nothing to clean up.
@@ -483,6 +497,13 @@ impl Drop for Pending {
     fn drop(&mut self) {
         if !self.in_flight && !self.queued {
             return;
+        }
+        if self.queued {
+            // Its withdrawal may not reach the store, and its client's other waiters would keep the place alive:
+            // they move to a new id instead, so the old one's mark, and the place, run out.
+            if let Some(in_line) = self.in_line.as_mut() {
+                in_line.abandon();
+            }
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let (client, queued, activity) = (self.client.clone(), self.queued, self.activity.take());

@@ -253,3 +253,41 @@ async fn renewals_share_calls_and_a_failing_one_fails_alone() {
         assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
     }
 }
+
+/// Acquires that share a call keep their own metadata and ttl: an acquire is sent short ('b': its token alone,
+/// the ttl and holder of the call's last full one) only when both match. 64 tasks acquire at once, in runs of 8
+/// with the same ttl and metadata (so short sends happen), the runs differing in metadata alone or in both;
+/// every record has its own. (The mutation report's batch.rs
+/// `Op::repeats`: a metadata compared with `!=` made later acquires take an earlier one's.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_sharing_a_call_keep_their_own_metadata_and_ttl() {
+    const TASKS: usize = 64;
+    let fx = Fixture::redis().await;
+    let mut conn = fx.redis_connection().unwrap();
+    let calls_before = script_calls(&mut conn).await;
+    let ttl = |i: usize| secs(20 + (i / 16 % 2) as u64 * 10);
+    let metadata = |i: usize| format!("m{}", i / 8 % 2);
+    let mut tasks = JoinSet::new();
+    for i in 0..TASKS {
+        let client = fx.client().clone();
+        tasks.spawn(async move {
+            let request = client.lock(format!("meta-{i}")).ttl(ttl(i)).metadata(metadata(i));
+            (i, request.acquire().await.expect("acquire"))
+        });
+    }
+    let mut guards = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        guards.push(joined.expect("no panic"));
+    }
+    let calls = script_calls(&mut conn).await - calls_before;
+    assert!(calls < TASKS as u64, "{calls} script calls for {TASKS} acquires: no call was shared");
+    for (i, guard) in &guards {
+        let info = fx.client().lock_info(&format!("meta-{i}")).await.expect("lock_info").expect("held");
+        assert_eq!(info.metadata, metadata(*i), "lock meta-{i}");
+        let (asked, left) = (ttl(*i), info.remaining_ttl);
+        assert!(left <= asked && left + secs(5) > asked, "lock meta-{i}: {left:?} left of a {asked:?} ttl");
+    }
+    for (_, guard) in guards {
+        assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+    }
+}

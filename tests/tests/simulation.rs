@@ -304,6 +304,18 @@ fn replicas_seed_11244_a_release_does_not_take_an_earlier_grant_s_trace_for_its_
     assert_clean(Model::RedisReplicas, 11244);
 }
 
+/// Regression, found by this simulation in the release run (memory seed 2882 and redis+replicas seed 5021,
+/// issue 33's client marks): a queued request was cancelled and its withdrawal lost; its place, which lasts
+/// 90 s, lived on through its client's mark, which the client's next waiter of the lock refreshed, and a
+/// release handed the lock to it more than a lease after the cancellation. A waiter that leaves without its
+/// place surely gone now renames its client's line (a new id, a new mark), so the old mark and the place run
+/// out. (Seed 5021 shows it in a release build only; 2882 in both.)
+#[test]
+fn seeds_2882_5021_an_abandoned_place_is_not_kept_alive_by_its_client_s_other_waiters() {
+    assert_clean(Model::Memory, 2882);
+    assert_clean(Model::RedisReplicas, 5021);
+}
+
 /// Correctness II's schedule 3, found by this simulation with its fix undone (redis seed 987 of the whole-API
 /// workload, issue 32; 17 of 30,000 `redis` schedules: announcements trusted when their fencing token is above
 /// that of the last busy attempt): the server's clock stepped back, a hand-over to a waiter lapsed while its
