@@ -163,8 +163,8 @@ impl Drop for InLine {
         } else if self.abandoned {
             line.generation = self.counter.fetch_add(1, Ordering::Relaxed);
             line.members.values().for_each(|bell| bell.notify_one());
-        } else if was_first {
-            line.members.values().next().map(|bell| bell.notify_one());
+        } else if let (true, Some(next)) = (was_first, line.members.values().next()) {
+            next.notify_one();
         }
     }
 }
