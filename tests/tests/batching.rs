@@ -281,7 +281,7 @@ async fn acquires_sharing_a_call_keep_their_own_metadata_and_ttl() {
     }
     let calls = script_calls(&mut conn).await - calls_before;
     assert!(calls < TASKS as u64, "{calls} script calls for {TASKS} acquires: no call was shared");
-    for (i, guard) in &guards {
+    for (i, _) in &guards {
         let info = fx.client().lock_info(&format!("meta-{i}")).await.expect("lock_info").expect("held");
         assert_eq!(info.metadata, metadata(*i), "lock meta-{i}");
         let (asked, left) = (ttl(*i), info.remaining_ttl);
