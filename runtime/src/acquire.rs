@@ -197,16 +197,10 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
     let mut failures = 0;
     loop {
         attempts += 1;
-        // Queue only once waiting, and listening where the store announces: a hand-over announced before
-        // that could be missed.
-        let queueing = (waiting && capabilities.fair_queue).then(|| {
-            let (client, generation) = match pending.in_line.as_ref() {
-                Some(in_line) => {
-                    let generation = in_line.state().1;
-                    (in_line.client_id(generation), generation)
-                }
-                None => (request.client.inner.lines.id, 0),
-            };
+        // Queue only once waiting, and listening where the store announces (a hand-over announced before that
+        // could be missed): once in its client's line, every attempt registers, under the id the line has now.
+        let queueing = pending.in_line.as_ref().map(|in_line| {
+            let (client, generation) = in_line.naming();
             registered = generation;
             queueing(request, retries + 1, attempts, client)
         });

@@ -46,8 +46,9 @@ pub(super) enum Change {
 /// Every line of one client.
 #[derive(Debug)]
 pub(crate) struct Lines {
-    /// The client's id, random: its waiters' places name it, and the store keeps its mark per lock.
-    pub(crate) id: u64,
+    /// The client's id, random: its waiters' places name it (renamed per line, `InLine::naming`), and the
+    /// store keeps its mark per lock.
+    id: u64,
     by_lock: Arc<Mutex<ByLock>>,
     /// Gives every join and every generation a number of its own.
     counter: Arc<AtomicU64>,
@@ -123,9 +124,11 @@ impl InLine {
         self.state().0
     }
 
-    /// The id its places name in the line's `generation`: the client's, renamed by each generation.
-    pub(super) fn client_id(&self, generation: u64) -> u64 {
-        self.id.wrapping_add(generation)
+    /// The id the line's places name now, and the line's generation: the client's id, renamed by each
+    /// generation.
+    pub(super) fn naming(&self) -> (u64, u64) {
+        let generation = self.state().1;
+        (self.id.wrapping_add(generation), generation)
     }
 
     /// Resolves once this waiter is first, if it was not (`was_first`), or the line is renamed past
@@ -191,10 +194,11 @@ mod tests {
         d.abandon();
         let (first, generation) = c.state();
         assert!(first);
+        let id = c.naming().0;
         drop(d);
         let (_, renamed) = c.state();
         assert_ne!(renamed, generation, "a waiter that abandons its place renames the line");
-        assert_ne!(c.client_id(renamed), c.client_id(generation));
+        assert_ne!(c.naming().0, id);
         drop(c);
         let e = lines.join("r");
         assert!(![generation, renamed].contains(&e.state().1), "a new line of the lock reuses no generation");

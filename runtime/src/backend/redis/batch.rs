@@ -35,7 +35,8 @@ use super::scripts::record::write_holder;
 use super::scripts::reply::{FAILED, GRANTED};
 use super::scripts::{LuaScript, ACQUIRE, ACQUIRE_PLAIN, BATCH, BATCH_SPREAD, RELEASE};
 use super::window::Window;
-use super::{failed_in_script, send_script, unexpected_reply, Sending};
+use super::{failed_in_script, millis, send_script, unexpected_reply, Sending};
+use crate::backend::Queueing;
 use crate::LockToken;
 
 /// Operations in one call at most, so one call never holds redis-server for long (about 4 µs each).
@@ -45,8 +46,8 @@ const MAX_OPS: usize = 64;
 /// only once it has to wait in the queue.
 #[derive(Debug, Clone)]
 pub(super) enum Op<'a> {
-    /// ARGV of [`ACQUIRE`]: token, ttl ms, holder (owner and metadata), register ms (0: do not queue),
-    /// hand-over lease ms, the attempt's number.
+    /// ARGV of [`ACQUIRE`]: token, ttl ms, holder (owner and metadata), then, to queue, register ms,
+    /// hand-over lease ms, the attempt's number, the client's id and keep ms.
     Acquire {
         record: Cow<'a, str>,
         token: LockToken,
@@ -54,14 +55,10 @@ pub(super) enum Op<'a> {
         /// The client's owner name: shared, so an operation that has to queue copies no more than before.
         owner: Arc<str>,
         metadata: Cow<'a, str>,
-        register_ms: u64,
-        lease_ms: u64,
-        attempt: u64,
-        /// The client's id (`Queueing::client`) and how long the place lasts unless refreshed (`keep`).
-        client: u64,
-        keep_ms: u64,
+        /// The place to take or refresh in the queue if the lock is busy; `None`: do not queue.
+        queueing: Option<Queueing>,
         /// For a store without queue or fencing tokens (Redlock's servers): [`ACQUIRE_PLAIN`], which takes
-        /// the first three arguments (`register_ms` is then 0) and this, the server's lock-state mark.
+        /// the first three arguments (`queueing` is then `None`) and this, the server's lock-state mark.
         plain: Option<Arc<str>>,
     },
     /// ARGV of [`RELEASE`]: token, the grant's fencing token (empty if unknown), keep ms (0: free it now).
@@ -71,29 +68,13 @@ pub(super) enum Op<'a> {
 impl Op<'_> {
     fn into_owned(self) -> Op<'static> {
         match self {
-            Op::Acquire {
-                record,
-                token,
-                ttl_ms,
-                owner,
-                metadata,
-                register_ms,
-                lease_ms,
-                attempt,
-                client,
-                keep_ms,
-                plain,
-            } => Op::Acquire {
+            Op::Acquire { record, token, ttl_ms, owner, metadata, queueing, plain } => Op::Acquire {
                 record: Cow::Owned(record.into_owned()),
                 token,
                 ttl_ms,
                 owner,
                 metadata: Cow::Owned(metadata.into_owned()),
-                register_ms,
-                lease_ms,
-                attempt,
-                client,
-                keep_ms,
+                queueing,
                 plain,
             },
             Op::Release { record, token, fence, keep_ms } => {
@@ -121,7 +102,7 @@ impl Op<'_> {
     fn letter(&self, again: bool) -> char {
         match self {
             Op::Acquire { plain: Some(_), .. } => 'p',
-            Op::Acquire { register_ms: 0, .. } => 'a',
+            Op::Acquire { queueing: None, .. } => 'a',
             Op::Acquire { .. } => 'q',
             Op::Release { .. } if again => 's',
             Op::Release { keep_ms: 0, .. } => 'r',
@@ -135,8 +116,8 @@ impl Op<'_> {
     fn repeats(&self, earlier: &Op<'_>) -> bool {
         match (self, earlier) {
             (
-                Op::Acquire { ttl_ms, owner, metadata, register_ms: 0, plain: None, .. },
-                Op::Acquire { ttl_ms: ttl, owner: o, metadata: m, register_ms: 0, plain: None, .. },
+                Op::Acquire { ttl_ms, owner, metadata, queueing: None, plain: None, .. },
+                Op::Acquire { ttl_ms: ttl, owner: o, metadata: m, queueing: None, plain: None, .. },
             ) => ttl_ms == ttl && owner == o && metadata == m,
             _ => false,
         }
@@ -146,25 +127,14 @@ impl Op<'_> {
     /// `again` says so after its keep.
     fn write_args(&self, cmd: &mut Cmd, again: bool) {
         match self {
-            Op::Acquire {
-                token,
-                ttl_ms,
-                owner,
-                metadata,
-                register_ms,
-                lease_ms,
-                attempt,
-                client,
-                keep_ms,
-                plain,
-                ..
-            } => {
+            Op::Acquire { token, ttl_ms, owner, metadata, queueing, plain, .. } => {
                 cmd.arg(token.as_str()).arg(ttl_ms);
                 write_holder(&mut cmd.writer_for_next_arg(), owner, metadata);
                 if let Some(mark) = plain {
                     cmd.arg(&**mark);
-                } else if *register_ms > 0 {
-                    cmd.arg(register_ms).arg(lease_ms).arg(attempt).arg(client_id(*client)).arg(keep_ms);
+                } else if let Some(q) = queueing {
+                    cmd.arg(millis(q.register)).arg(millis(q.lease)).arg(q.attempt);
+                    cmd.arg(client_id(q.client)).arg(millis(q.keep));
                 }
             }
             Op::Release { token, fence, keep_ms, .. } => {

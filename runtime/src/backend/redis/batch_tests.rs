@@ -59,6 +59,15 @@ impl Transport for Arc<FakeRedis> {
     }
 }
 
+/// A place in the queue, as the tests send it: register and lease 300 ms, attempt 7, client 0xab, keep 9 s.
+const QUEUED: crate::backend::Queueing = crate::backend::Queueing {
+    register: Duration::from_millis(300),
+    keep: Duration::from_millis(9000),
+    client: 0xab,
+    lease: Duration::from_millis(300),
+    attempt: 7,
+};
+
 fn acquire(record: &str) -> Op<'static> {
     Op::Acquire {
         record: Cow::Owned(record.to_owned()),
@@ -66,11 +75,7 @@ fn acquire(record: &str) -> Op<'static> {
         ttl_ms: 1000,
         owner: "test-owner".into(),
         metadata: Cow::Borrowed(""),
-        register_ms: 0,
-        lease_ms: 0,
-        attempt: 0,
-        client: 0,
-        keep_ms: 0,
+        queueing: None,
         plain: None,
     }
 }
@@ -339,8 +344,8 @@ fn an_acquire_repeating_the_last_one_s_ttl_and_holder_sends_its_token_alone() {
     if let Op::Acquire { ttl_ms, .. } = &mut a3 {
         *ttl_ms = 2000;
     }
-    if let Op::Acquire { register_ms, lease_ms, attempt, client, keep_ms, .. } = &mut queueing {
-        (*register_ms, *lease_ms, *attempt, *client, *keep_ms) = (300, 300, 7, 0xab, 9000);
+    if let Op::Acquire { queueing: place, .. } = &mut queueing {
+        *place = Some(QUEUED);
     }
     let ops = [acquire("a1"), acquire("a2"), a3, queueing, acquire("a4"), release("r"), acquire("a5")];
     let token = |i: usize| match &ops[i] {
@@ -393,8 +398,8 @@ fn an_acquire_repeating_the_last_one_s_ttl_and_holder_sends_its_token_alone() {
 fn each_operation_writes_as_many_arguments_as_its_letter_takes() {
     use super::{batch_arity, batch_letters, write_batch_args};
     let mut queueing = acquire("q");
-    if let Op::Acquire { register_ms, lease_ms, attempt, client, keep_ms, .. } = &mut queueing {
-        (*register_ms, *lease_ms, *attempt, *client, *keep_ms) = (300, 300, 7, 0xab, 9000);
+    if let Op::Acquire { queueing: place, .. } = &mut queueing {
+        *place = Some(QUEUED);
     }
     let mut plain = acquire("p");
     if let Op::Acquire { plain: mark, .. } = &mut plain {

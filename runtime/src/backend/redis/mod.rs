@@ -124,19 +124,13 @@ impl RedisBackend {
         metadata: &str,
         queueing: Option<Queueing>,
     ) -> Result<Attempt, LockError> {
-        let (register, lease, attempt, client, keep) = queueing
-            .map_or((0, 0, 0, 0, 0), |q| (millis(q.register), millis(q.lease), q.attempt, q.client, millis(q.keep)));
         let op = Op::Acquire {
             record: Cow::Borrowed(&keys.record),
             token: token.clone(),
             ttl_ms: millis(ttl),
             owner: Arc::clone(&self.owner),
             metadata: Cow::Borrowed(metadata),
-            register_ms: register,
-            lease_ms: lease,
-            attempt,
-            client,
-            keep_ms: keep,
+            queueing,
             plain: self.plain.clone(),
         };
         let epoch = self.commands.epoch();
