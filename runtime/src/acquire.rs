@@ -282,10 +282,10 @@ async fn acquire(request: &LockRequest, name: String, wait: Duration) -> Result<
             (now + refresh.max(seldom)).min(deadline)
         };
         // Wait for our hand-over, a reason to retry, or the time to refresh our place.
-        // `promoted` resolves once this waiter is first, when it was not: it then keeps the client's mark on its retry
-        // schedule, and refreshes its place at once if a hand-over using its registration could not be dated
-        // (its last attempt more than half its hand-over lease ago: the hand-over would be claimed, one round
-        // trip later). Or once the line was renamed: it registers again at once.
+        // `promoted` resolves once this waiter is first, when it was not: it then keeps the client's mark on its
+        // retry schedule, and refreshes its place at once if a hand-over using its registration could not be
+        // dated (its last attempt more than half its hand-over lease ago: the hand-over would be claimed, one
+        // round trip later). Or once the line was renamed: it registers again at once.
         let handed = {
             let in_line = pending.in_line.as_ref();
             let promoted = async {
