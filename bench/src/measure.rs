@@ -72,6 +72,8 @@ pub struct ServerCounters {
     pub calls: HashMap<String, u64>,
     /// `cmdstat_<name>` → microseconds spent in the command (a script's time includes its inner calls).
     pub usec: HashMap<String, u64>,
+    /// `expired_keys`: keys deleted because their expiry passed.
+    pub expired_keys: u64,
 }
 
 impl ServerCounters {
@@ -79,11 +81,10 @@ impl ServerCounters {
     pub async fn read(conn: &mut redis::aio::MultiplexedConnection) -> redis::RedisResult<Self> {
         let stats: String = redis::cmd("INFO").arg("stats").query_async(conn).await?;
         let commandstats: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
-        let total = stats
-            .lines()
-            .find_map(|l| l.strip_prefix("total_commands_processed:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
+        let stat = |name: &str| {
+            stats.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok()).unwrap_or(0)
+        };
+        let (total, expired_keys) = (stat("total_commands_processed"), stat("expired_keys"));
         let field = |key: &str| -> HashMap<String, u64> {
             commandstats
                 .lines()
@@ -94,7 +95,7 @@ impl ServerCounters {
                 })
                 .collect()
         };
-        Ok(Self { total, calls: field("calls="), usec: field("usec=") })
+        Ok(Self { total, calls: field("calls="), usec: field("usec="), expired_keys })
     }
 
     /// Microseconds spent in the commands the contenders send (SET, EVALSHA, EVAL) since `earlier`. A
