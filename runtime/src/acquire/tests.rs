@@ -353,3 +353,36 @@ async fn a_place_left_without_its_withdrawal_is_not_kept_alive_by_its_client_s_o
     guard.expect("the sibling is served").release().await.unwrap();
     assert!(served - released < Duration::from_millis(50), "served {:?} after the release", served - released);
 }
+
+/// A waiter made first when its client's first waiter is served takes over the client's mark: the served
+/// waiter holds the lock longer than the mark lasts without a refresh (0.4 s here), and the next waiter is
+/// still handed the lock at once on its release. (The mutation report's line.rs `was_first` `==` -> `!=`: the
+/// next waiter was not told it is first, nobody kept the mark, its place died with it, and it got the lock
+/// only at its own seldom refresh, 15–30 s later.)
+#[tokio::test(start_paused = true)]
+async fn the_waiter_made_first_keeps_its_client_s_mark_while_the_lock_is_held() {
+    let client = client_on(MemoryBackend::new("t".into()));
+    let holder = client.lock("k").ttl(Duration::from_secs(60)).acquire().await.unwrap();
+    let retry = RetryStrategy::Linear { step: Duration::from_millis(100) };
+    let mut waiters = Vec::new();
+    for i in 0..2 {
+        let request = client.lock("k").ttl(Duration::from_secs(60)).wait(Duration::from_secs(60)).retry(retry);
+        waiters.push(crate::hooks::spawn(async move {
+            let guard = request.acquire().await.expect("served");
+            let served = tokio::time::Instant::now();
+            // Longer than the client's mark lasts unless its new first waiter refreshes it.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let released = tokio::time::Instant::now();
+            guard.release().await.unwrap();
+            (served, released)
+        }));
+        while client.inner.lines.len(&client.record_key("k")) < i + 1 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    holder.release().await.unwrap();
+    let (_, first_released) = waiters.remove(0).await.unwrap();
+    let (second_served, _) = waiters.remove(0).await.unwrap();
+    let gap = second_served - first_released;
+    assert!(gap < Duration::from_millis(50), "the second waiter was served {gap:?} after the first released");
+}
