@@ -95,8 +95,8 @@ pub struct Config {
     pub unpinned_many: bool,
     /// Pin redis-server and the benchmark to different CPUs.
     pub pin: bool,
-    /// Added round trips in ms, one pass each (0: loopback, no proxy).
-    pub rtts: Vec<f64>,
+    /// Added round trips, one pass each.
+    pub rtts: Vec<Hop>,
     /// Only measure round trips through the proxy at each `rtts`, and exit.
     pub proxy_check: bool,
     /// Only run the scale-out rows (Redlock, Redis Cluster), and exit.
@@ -105,9 +105,28 @@ pub struct Config {
     pub postgres: bool,
 }
 
+/// One pass's network: loopback, or through the benchmark's delay proxy adding `rtt_ms` (which may be 0: the
+/// proxy's own hop, which costs CPU on this machine's two cores).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Hop {
+    pub rtt_ms: f64,
+    pub proxied: bool,
+}
+
+impl Hop {
+    const LOOPBACK: Hop = Hop { rtt_ms: 0.0, proxied: false };
+
+    /// `0`: loopback; `+0`: the proxy with no delay; `0.25`, `+0.25`: the proxy adding that round trip.
+    fn parse(s: &str) -> Option<Self> {
+        let s = s.trim();
+        let rtt_ms = s.trim_start_matches('+').parse::<f64>().ok().filter(|ms| (0.0..=100.0).contains(ms))?;
+        Some(Hop { rtt_ms, proxied: rtt_ms > 0.0 || s.starts_with('+') })
+    }
+}
+
 impl Config {
     fn new(quick: bool) -> Self {
-        let all = vec![Variant::Raw, Variant::Api, Variant::Run, Variant::Macro, Variant::Rslock];
+        let all = vec![Variant::Raw, Variant::Api, Variant::Run, Variant::Macro, Variant::Rslock, Variant::Fenced];
         if quick {
             Self {
                 quick,
@@ -126,7 +145,7 @@ impl Config {
                 scenarios: vec![1, 2, 3, 4, 5, 6],
                 unpinned_many: true,
                 pin: true,
-                rtts: vec![0.0],
+                rtts: vec![Hop::LOOPBACK],
                 proxy_check: false,
                 scale_out: false,
                 postgres: false,
@@ -149,7 +168,7 @@ impl Config {
                 scenarios: vec![1, 2, 3, 4, 5, 6],
                 unpinned_many: true,
                 pin: true,
-                rtts: vec![0.0],
+                rtts: vec![Hop::LOOPBACK],
                 proxy_check: false,
                 scale_out: false,
                 postgres: false,
@@ -168,17 +187,19 @@ impl Config {
 }
 
 const USAGE: &str =
-    "usage: distlock-bench [--quick] [--rounds N] [--only 1,2,2u,3,4,5,6] [--variants raw,api,run,macro,rslock]
+    "usage: distlock-bench [--quick] [--rounds N] [--only 1,2,2u,3,4,5,6] [--variants raw,api,run,macro,rslock,fenced]
                       [--no-pin] [--rtt MS[,MS...]] [--proxy-check] [--scale-out] [--postgres]
   --quick        short smoke run (under 30 s): 2 rounds, short windows, 1k/10k held locks with ttl 3 s
   --rounds N     rounds for scenarios 1-3 (default 5; 2 with --quick)
   --only LIST    run only these scenarios (2u: scenario 2 unpinned, client on a 2-worker runtime)
-  --variants L   contenders for scenarios 1-2 (raw, api, run, macro, rslock); scenario 3 runs raw, distlock
+  --variants L   contenders for scenarios 1-2 (raw, api, run, macro, rslock, fenced: the least fenced cycle by
+                 script, a bound); scenario 3 runs raw, distlock
                  (if api/run/macro is listed) and rslock (if listed)
   --no-pin       do not pin redis-server and the benchmark to different CPUs
-  --rtt LIST     added round trips in ms (e.g. 0,0.25,0.5,1; 0 = loopback): one pass each, every contender
-                 through the benchmark's delay proxy (half the round trip each way); scenarios 4 and 5 run in
-                 the first pass only; a summary table compares the passes
+  --rtt LIST     added round trips in ms (e.g. 0,+0,0.25,0.5,1; 0 = loopback, +0 = through the proxy with no
+                 delay): one pass each, every contender through the benchmark's delay proxy (half the round
+                 trip each way); scenarios 4 and 5 run in the first pass only; a summary table compares the
+                 passes
   --proxy-check  measure PING round trips through the proxy at each --rtt (and the hop alone), then exit
   --scale-out    only the scale-out rows: distlock on Redlock (3 and 5 servers) against rslock's Redlock, and
                  on a 3-primary Redis Cluster against raw SET NX PX + EVALSHA on the crate's cluster client;
@@ -212,11 +233,10 @@ fn parse_args() -> Result<Config, String> {
                     .ok_or("--only takes scenario numbers 1-6 and 2u")?;
             }
             "--rtt" => {
-                config.rtts = value("--rtt")?
-                    .split(',')
-                    .map(|s| s.trim().parse::<f64>().ok().filter(|ms| (0.0..=100.0).contains(ms)))
-                    .collect::<Option<_>>()
-                    .ok_or("--rtt takes round trips in ms, 0 to 100, e.g. 0,0.25,0.5,1")?;
+                config.rtts =
+                    value("--rtt")?.split(',').map(Hop::parse).collect::<Option<_>>().ok_or(
+                        "--rtt takes round trips in ms, 0 to 100, e.g. 0,+0,0.25,0.5,1 (+0: the proxy, no delay)",
+                    )?;
                 if config.rtts.is_empty() {
                     return Err("--rtt needs at least one round trip".into());
                 }
@@ -281,20 +301,20 @@ fn main() -> ExitCode {
         .build()
         .expect("tokio runtime");
     if config.proxy_check {
-        let (rtts, url) = (config.rtts.clone(), server.url());
+        let (rtts, url) = (config.rtts.iter().map(|h| h.rtt_ms).collect(), server.url());
         runtime.block_on(async move { tokio::spawn(proxy_check(rtts, url, upstream, cores)).await }).expect("check");
         return ExitCode::SUCCESS;
     }
     let started = Instant::now();
     let pid = server.pid().expect("server running");
     let mut passes = Vec::new();
-    for (i, &rtt_ms) in config.rtts.iter().enumerate() {
-        let proxy = (rtt_ms > 0.0).then(|| {
+    for (i, &Hop { rtt_ms, proxied }) in config.rtts.iter().enumerate() {
+        let proxy = proxied.then(|| {
             let one_way = Duration::from_secs_f64(rtt_ms / 2000.0);
             DelayProxy::start(upstream, one_way, cores).expect("start the delay proxy")
         });
         let url = proxy.as_ref().map_or_else(|| server.url(), DelayProxy::url);
-        if config.rtts.len() > 1 || rtt_ms > 0.0 {
+        if config.rtts.len() > 1 || proxied {
             eprintln!("== added round trip {rtt_ms} ms ({url})");
         }
         let mut pass_config = config.clone();
@@ -310,7 +330,7 @@ fn main() -> ExitCode {
                 tokio::spawn(async move { run(&pass_config, url, pid, server_cpus.as_deref(), cores).await }).await
             })
             .expect("the benchmark panicked");
-        passes.push(report::Pass { rtt_ms, results, proxy: proxy.map(|p| p.stats()) });
+        passes.push(report::Pass { rtt_ms, proxied, results, proxy: proxy.map(|p| p.stats()) });
     }
     let elapsed = started.elapsed();
     let mut machine = machine_before;

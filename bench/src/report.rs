@@ -80,7 +80,8 @@ fn ratio(x: f64, base: f64) -> f64 {
     }
 }
 
-const ORDER: [Variant; 5] = [Variant::Raw, Variant::Api, Variant::Run, Variant::Macro, Variant::Rslock];
+const ORDER: [Variant; 6] =
+    [Variant::Raw, Variant::Api, Variant::Run, Variant::Macro, Variant::Rslock, Variant::Fenced];
 
 fn uncontended_table(out: &mut String, s: &uncontended::Scenario) {
     let raw = s.by_variant.get(&Variant::Raw).map(|r| r.median(|x| x.cycles_per_s));
@@ -138,15 +139,17 @@ struct Target {
 /// One pass of the scenarios, at one added round trip.
 #[derive(Debug)]
 pub struct Pass {
-    /// 0: loopback, no proxy.
+    /// The round trip the proxy adds (0 on loopback).
     pub rtt_ms: f64,
+    /// Through the delay proxy (`--rtt +0`: with no delay).
+    pub proxied: bool,
     pub results: Results,
     pub proxy: Option<ProxyStats>,
 }
 
 impl Pass {
     fn label(&self) -> String {
-        if self.rtt_ms > 0.0 {
+        if self.proxied {
             format!("+{} ms", self.rtt_ms)
         } else {
             "loopback".to_owned()
@@ -184,9 +187,9 @@ pub fn print(config: &Config, machine: &Machine, passes: &[Pass], elapsed: Durat
         secs(elapsed),
     );
     for p in passes {
-        pass(&mut out, p, passes.len() > 1 || p.rtt_ms > 0.0);
+        pass(&mut out, p, passes.len() > 1 || p.proxied);
     }
-    if passes.len() > 1 || passes.iter().any(|p| p.rtt_ms > 0.0) {
+    if passes.len() > 1 || passes.iter().any(|p| p.proxied) {
         summary(&mut out, passes);
         beyond_the_floor(&mut out, passes);
     }
@@ -241,6 +244,16 @@ fn pass(out: &mut String, pass: &Pass, headed: bool) {
                 met: Some(r >= 0.97),
             });
         }
+        if let (Some(raw), Some(api), Some(rs)) = (get(Variant::Raw), get(Variant::Api), get(Variant::Rslock)) {
+            let bound = get(Variant::Fenced)
+                .map_or(String::new(), |f| format!("; the least fenced cycle by script {}", num(f / raw, 2)));
+            targets.push(Target {
+                scenario: "1",
+                what: "issue 33: distlock ≥ rslock (× raw, one task)".into(),
+                result: format!("{} vs rslock {}{bound}", num(api / raw, 2), num(rs / raw, 2)),
+                met: Some(api >= rs),
+            });
+        }
         if let (Some(run), Some(mac)) = (get(Variant::Run), get(Variant::Macro)) {
             let _ = writeln!(out, "\nmacro ÷ `run` = {} (the macro expands to `run`).", num(mac / run, 3));
         }
@@ -266,6 +279,17 @@ fn pass(out: &mut String, pass: &Pass, headed: bool) {
                 met: Some(r >= 0.9),
             });
         }
+        // Through the proxy at +0 the proxy's threads take CPU from Redis: the Redis-bound row of issue 33.
+        if let (true, Some(raw), Some(api), Some(rs)) =
+            (pass.proxied && pass.rtt_ms == 0.0, get(Variant::Raw), get(Variant::Api), get(Variant::Rslock))
+        {
+            targets.push(Target {
+                scenario: "2",
+                what: "issue 33: distlock ≥ rslock (× raw, 64 tasks through the proxy at +0)".into(),
+                result: format!("{} vs rslock {}", num(api / raw, 2), num(rs / raw, 2)),
+                met: Some(api >= rs),
+            });
+        }
         out.push('\n');
     }
 
@@ -278,6 +302,17 @@ fn pass(out: &mut String, pass: &Pass, headed: bool) {
             secs(s.window)
         );
         uncontended_table(out, s);
+        let get = |v| s.by_variant.get(&v).map(|r: &VariantResult| r.median(|x| x.cycles_per_s));
+        if let (false, Some(raw), Some(api), Some(rs)) =
+            (pass.proxied, get(Variant::Raw), get(Variant::Api), get(Variant::Rslock))
+        {
+            targets.push(Target {
+                scenario: "2u",
+                what: "issue 33: distlock ≥ rslock (× raw, 64 tasks, Redis sharing both CPUs)".into(),
+                result: format!("{} vs rslock {}", num(api / raw, 2), num(rs / raw, 2)),
+                met: Some(api >= rs),
+            });
+        }
         out.push('\n');
     }
 
@@ -545,6 +580,8 @@ fn pass(out: &mut String, pass: &Pass, headed: bool) {
 #[derive(Debug, Default, Clone, Copy)]
 struct Ratios {
     one: (f64, f64),
+    /// One task: the least fenced cycle by script ÷ raw (the bound for `one.0`).
+    one_fenced: f64,
     /// One task: the raw floor's cycle p50 ÷ distlock's (less moved by a loaded machine's stalls than cycles/s).
     one_p50: f64,
     many: (f64, f64),
@@ -580,6 +617,10 @@ impl Ratios {
         });
         Self {
             one: ratios(results.one_task.as_ref()),
+            one_fenced: results.one_task.as_ref().map_or(f64::NAN, |s| {
+                let get = |v| s.by_variant.get(&v).map_or(f64::NAN, |r: &VariantResult| r.median(|x| x.cycles_per_s));
+                ratio(get(Variant::Fenced), get(Variant::Raw))
+            }),
             one_p50,
             many: ratios(results.many_tasks.as_ref()),
             unpinned: ratios(results.many_tasks_unpinned.as_ref()),
@@ -678,26 +719,28 @@ fn summary(out: &mut String, passes: &[Pass]) {
         out,
         "Each ratio is cycles/s ÷ the raw floor's in the same pass (distlock = `acquire` + `release`). Hand-off: \
          distlock's hand-off gap p50 ÷ its own release call p50 (1 = one release round trip). Fairness: the fewest \
-         acquisitions of any task ÷ the mean. \"1 task p50\": raw's cycle p50 ÷ distlock's. Targets (issue 18): 64 \
+         acquisitions of any task ÷ the mean. \"1 task p50\": raw's cycle p50 ÷ distlock's. \"1 task bound\": the least \
+         fenced cycle by script (GET, TIME, SET PX; GET, SET KEEPTTL) ÷ raw, which no fenced cycle can beat. Targets (issue 18): 64 \
          tasks ≥ 0.95 and ≥ rslock's ratio, 1 task ≥ 0.97, hand-off ≤ 1, fairness ≥ 0.9. Targets (issue 10): 64 tasks \
          ≥ 0.95 × rslock's ratio pinned and 2u, and ≥ 0.90 pinned; a hop away (≥ 0.25 ms), 1 task ≥ 0.95.\n"
     );
     let _ = writeln!(
         out,
-        "| added round trip | PING p50 µs | 1 task distlock | 1 task rslock | 1 task p50 | 64 tasks distlock | 64 tasks rslock | 2u distlock | 2u rslock | hand-off ÷ release call | fairness | targets missed (issue 18) | targets missed (issue 10) |"
+        "| added round trip | PING p50 µs | 1 task distlock | 1 task rslock | 1 task bound | 1 task p50 | 64 tasks distlock | 64 tasks rslock | 2u distlock | 2u rslock | hand-off ÷ release call | fairness | targets missed (issue 18) | targets missed (issue 10) |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|");
     for p in passes {
         let r = Ratios::of(&p.results);
         let missed = r.missed();
         let missed_10 = r.missed_issue_10(p.rtt_ms);
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             p.label(),
             num(percentile_us(&p.results.rtt, 50.0), 1),
             num(r.one.0, 2),
             num(r.one.1, 2),
+            num(r.one_fenced, 2),
             num(r.one_p50, 2),
             num(r.many.0, 2),
             num(r.many.1, 2),

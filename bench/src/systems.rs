@@ -22,6 +22,9 @@ pub enum Variant {
     Macro,
     /// rslock's `LockManager::lock` then `unlock`.
     Rslock,
+    /// The least a fenced cycle by script does (`FENCED_ACQUIRE`, `FENCED_RELEASE`: GET, TIME, SET PX; GET,
+    /// SET KEEPTTL), by EVALSHA on a `ConnectionManager`: what no fenced cycle on Redis 7.0 can beat.
+    Fenced,
 }
 
 impl Variant {
@@ -33,6 +36,7 @@ impl Variant {
             Variant::Run => "run",
             Variant::Macro => "macro",
             Variant::Rslock => "rslock",
+            Variant::Fenced => "fenced",
         }
     }
 
@@ -44,12 +48,13 @@ impl Variant {
             Variant::Run => "distlock `run`",
             Variant::Macro => "distlock `#[distributed_lock]`",
             Variant::Rslock => "rslock 0.10",
+            Variant::Fenced => "least fenced cycle by script (bound)",
         }
     }
 
     /// Parses a `--variants` name.
     pub fn parse(name: &str) -> Option<Self> {
-        [Variant::Raw, Variant::Api, Variant::Run, Variant::Macro, Variant::Rslock]
+        [Variant::Raw, Variant::Api, Variant::Run, Variant::Macro, Variant::Rslock, Variant::Fenced]
             .into_iter()
             .find(|v| v.name() == name)
     }
@@ -84,6 +89,7 @@ pub fn rslock(url: &str) -> rslock::LockManager {
 }
 
 pub use crate::floor::RAW_RELEASE;
+use crate::floor::{FENCED_ACQUIRE, FENCED_RELEASE};
 
 /// Compare-and-expire: the raw renewal.
 const RAW_RENEW: &str = r"if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
@@ -104,6 +110,8 @@ pub struct Raw {
     release_sha: String,
     renew_sha: String,
     renew_many_sha: String,
+    fenced_acquire_sha: String,
+    fenced_release_sha: String,
 }
 
 impl fmt::Debug for Raw {
@@ -146,8 +154,10 @@ impl Raw {
         let release_sha = load(RAW_RELEASE).await?;
         let renew_sha = load(RAW_RENEW).await?;
         let renew_many_sha = load(RAW_RENEW_MANY).await?;
+        let fenced_acquire_sha = load(FENCED_ACQUIRE).await?;
+        let fenced_release_sha = load(FENCED_RELEASE).await?;
         let _: String = redis::cmd("PING").query_async(&mut conn).await?;
-        Ok(Self { conn, release_sha, renew_sha, renew_many_sha })
+        Ok(Self { conn, release_sha, renew_sha, renew_many_sha, fenced_acquire_sha, fenced_release_sha })
     }
 
     /// `SET key token NX PX ttl`: true when taken.
@@ -178,6 +188,32 @@ impl Raw {
             .query_async(conn)
             .await?;
         Ok(n == 1)
+    }
+
+    /// The least fenced cycle by script: EVALSHA `FENCED_ACQUIRE`, then EVALSHA `FENCED_RELEASE`.
+    pub async fn fenced_cycle(
+        &self,
+        conn: &mut ConnectionManager,
+        key: &str,
+        ttl: Duration,
+    ) -> redis::RedisResult<bool> {
+        let token = Token::random();
+        let _: i64 = redis::cmd("EVALSHA")
+            .arg(&self.fenced_acquire_sha)
+            .arg(1)
+            .arg(key)
+            .arg(token.as_bytes())
+            .arg(ttl.as_millis() as u64)
+            .query_async(conn)
+            .await?;
+        let freed: i64 = redis::cmd("EVALSHA")
+            .arg(&self.fenced_release_sha)
+            .arg(1)
+            .arg(key)
+            .arg(token.as_bytes())
+            .query_async(conn)
+            .await?;
+        Ok(freed == 1)
     }
 
     /// A pipeline of `SET NX PX` for `locks`; how many were taken.
@@ -274,6 +310,7 @@ pub struct TaskKeys {
     pub api: String,
     pub run: String,
     pub rslock: String,
+    pub fenced: String,
 }
 
 impl TaskKeys {
@@ -284,6 +321,7 @@ impl TaskKeys {
             api: format!("api:{task}"),
             run: format!("run:{task}"),
             rslock: format!("rslock:{task}"),
+            fenced: format!("fenced:{task}"),
         }
     }
 }
@@ -317,6 +355,11 @@ impl Systems {
             Variant::Rslock => {
                 let lock = self.rslock.lock(keys.rslock.as_bytes(), TTL).await.map_err(CycleError::Rslock)?;
                 self.rslock.unlock(&lock).await;
+            }
+            Variant::Fenced => {
+                if !self.raw.fenced_cycle(conn, &keys.fenced, TTL).await.map_err(CycleError::Redis)? {
+                    return Err(CycleError::Unexpected("fenced: release found the record not ours"));
+                }
             }
         }
         Ok(())

@@ -18,15 +18,8 @@ use std::time::{Duration, Instant};
 
 #[path = "../floor.rs"]
 mod floor;
-use floor::RAW_RELEASE;
+use floor::{FENCED_ACQUIRE, FENCED_RELEASE, RAW_RELEASE};
 
-/// The least a fenced grant by script does: read the record (its last token), the server's clock, write.
-const FENCED_ACQUIRE: &str = "local v = redis.call('get', KEYS[1]) local t = redis.call('time') \
-     redis.call('set', KEYS[1], ARGV[1] .. ':' .. t[1] .. t[2], 'px', ARGV[2]) return 1";
-/// The least a release that keeps the last token does: check the owner, leave a freed record.
-const FENCED_RELEASE: &str = "local v = redis.call('get', KEYS[1]) \
-     if v and string.find(v, ARGV[1], 1, true) == 1 then redis.call('set', KEYS[1], 'freed', 'keepttl') return 1 end \
-     return 0";
 /// `coalesced`'s acquires: `ARGV[1]` the lock count n, then n records, then n tokens. Writes a record of
 /// distlock's shape (token, fence, grant time, holder).
 const COALESCED_ACQUIRE: &str = "local n = tonumber(ARGV[1]) local t = redis.call('time') local now = t[1] .. t[2] \

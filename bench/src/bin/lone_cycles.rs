@@ -4,9 +4,12 @@
 //!
 //! ```sh
 //! cargo build --release -p distlock-bench --bin lone_cycles
-//! valgrind --tool=callgrind target/release/lone_cycles 1000 [raw|fresh]
-//! valgrind --tool=callgrind target/release/lone_cycles 6000 [raw|fresh]   # (Ir at 6000 - Ir at 1000) / 5000
+//! valgrind --tool=callgrind target/release/lone_cycles 1000 [raw|fenced|fresh]
+//! valgrind --tool=callgrind target/release/lone_cycles 6000 [raw|fenced|fresh]   # (Ir at 6000 - Ir at 1000) / 5000
 //! ```
+//!
+//! `fenced` runs the least fenced cycle by script instead (`FENCED_ACQUIRE` + `FENCED_RELEASE` by EVALSHA on the
+//! same connection): what any fenced cycle by script costs Redis at least.
 //!
 //! `fresh` locks a new key each cycle (one lock per id, never locked before), where distlock's cycles otherwise
 //! take the same key again. `TASKS=64` shares the cycles among 64 tasks, each on a key of its own: their
@@ -20,19 +23,22 @@ use std::time::Duration;
 
 #[path = "../floor.rs"]
 mod floor;
-use floor::RAW_RELEASE;
+use floor::{FENCED_ACQUIRE, FENCED_RELEASE, RAW_RELEASE};
 
 fn main() {
     let url = std::env::var("REDIS_URL").expect("set REDIS_URL to a redis-server of your own");
     let cycles: u64 = std::env::args().nth(1).map_or(10_000, |n| n.parse().expect("cycles: a whole number"));
     let raw = std::env::args().nth(2).is_some_and(|a| a == "raw");
     let fresh = std::env::args().nth(2).is_some_and(|a| a == "fresh");
+    let fenced = std::env::args().nth(2).is_some_and(|a| a == "fenced");
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     // The cycles run in a task on the runtime's one worker, as the benchmark's do (`block_on` would run them on
     // this thread, and every task they spawn would wake the worker from here).
     let cycles_task = runtime.spawn(async move {
         if raw {
             raw_cycles(&url, cycles).await;
+        } else if fenced {
+            fenced_cycles(&url, cycles).await;
         } else {
             let client = distlock::Client::builder().redis(url).build().await.expect("client");
             let run = std::process::id();
@@ -83,5 +89,19 @@ async fn raw_cycles(url: &str, cycles: u64) {
             .await
             .expect("EVALSHA");
         assert_eq!(deleted, 1, "the key was not ours");
+    }
+}
+
+async fn fenced_cycles(url: &str, cycles: u64) {
+    let client = redis::Client::open(url).expect("URL");
+    let mut conn = redis::aio::ConnectionManager::new(client).await.expect("connect");
+    let (acquire, release) = (redis::Script::new(FENCED_ACQUIRE), redis::Script::new(FENCED_RELEASE));
+    for _ in 0..cycles {
+        let mut token = [0u8; 16];
+        getrandom::fill(&mut token).expect("randomness");
+        let _: i64 =
+            acquire.key("lone-fenced").arg(&token[..]).arg(30_000).invoke_async(&mut conn).await.expect("acquire");
+        let freed: i64 = release.key("lone-fenced").arg(&token[..]).invoke_async(&mut conn).await.expect("release");
+        assert_eq!(freed, 1, "the record was not ours");
     }
 }
