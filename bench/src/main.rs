@@ -46,6 +46,7 @@
 #[allow(unsafe_code)]
 mod alloc;
 mod cluster_held;
+mod coalesced;
 mod contention;
 mod floor;
 mod held;

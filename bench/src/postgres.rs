@@ -161,7 +161,11 @@ pub async fn run(server: &PostgresServer, rounds: usize, each: Duration, hand_of
             for i in 0..contenders.len() {
                 let at = (i + round) % contenders.len();
                 let cycle = Arc::clone(&contenders[at].1);
-                let (rate, _) = window(tasks, each, move |task, n| cycle(task, n)).await;
+                let (rate, _) = window(tasks, each, move |task, n| {
+                    let c = cycle(task, n);
+                    async move { c.await.map(|()| 1) }
+                })
+                .await;
                 eprintln!("  {tasks} tasks, round {round}: {} {rate:.0}/s", contenders[at].0);
                 rates[at].push(rate);
             }

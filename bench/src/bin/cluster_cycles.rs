@@ -16,22 +16,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "../coalesced.rs"]
+mod coalesced;
 #[path = "../floor.rs"]
 mod floor;
 use floor::{FENCED_ACQUIRE, FENCED_RELEASE, RAW_RELEASE};
 
-/// `coalesced`'s acquires: `ARGV[1]` the lock count n, then n records, then n tokens. Writes a record of
-/// distlock's shape (token, fence, grant time, holder).
-const COALESCED_ACQUIRE: &str = "local n = tonumber(ARGV[1]) local t = redis.call('time') local now = t[1] .. t[2] \
-     local out = {} for i = 1, n do local R = ARGV[i + 1] local v = redis.call('get', R) \
-     redis.call('set', R, ARGV[n + i + 1] .. ':' .. now .. ':' .. now .. ':7:bench', 'px', '10000') out[i] = now end \
-     return out";
-/// `coalesced`'s releases, arguments as its acquires': a freed token written over each record that is the
-/// token's.
-const COALESCED_RELEASE: &str = "local n = tonumber(ARGV[1]) local out = {} for i = 1, n do local R = ARGV[i + 1] \
-     local v = redis.call('get', R) out[i] = 0 \
-     if v and string.find(v, ARGV[n + i + 1], 1, true) == 1 then \
-     redis.call('setrange', R, '0', '================================') out[i] = 1 end end return out";
 /// FENCED_ACQUIRE for every key of the call, with one clock read for all.
 const FENCED_ACQUIRE_BATCH: &str = "local t = redis.call('time') local now = t[1] .. t[2] \
      for i = 1, #KEYS do local v = redis.call('get', KEYS[i]) \
@@ -60,27 +50,14 @@ fn main() {
         let mut handles = Vec::new();
         if coalesced {
             let mut conn = connect(seeds).await;
-            let (acquire, release) =
-                (Arc::new(redis::Script::new(COALESCED_ACQUIRE)), Arc::new(redis::Script::new(COALESCED_RELEASE)));
-            for (node, keys) in keys_by_node(&mut conn, tasks).await {
-                let (mut conn, acquire, release, stop, done) =
-                    (conn.clone(), acquire.clone(), release.clone(), stop.clone(), done.clone());
+            let scripts = Arc::new(coalesced::Scripts::load());
+            for (node, keys) in coalesced::keys_by_node(&mut conn, tasks).await {
+                let (mut conn, scripts, stop, done) = (conn.clone(), scripts.clone(), stop.clone(), done.clone());
                 handles.push(tokio::spawn(async move {
                     let mut n = 0u64;
                     while !stop.load(Ordering::Relaxed) {
-                        let tokens: Vec<String> = (0..keys.len()).map(|k| format!("{node}-{k}-{n}")).collect();
-                        for script in [&acquire, &release] {
-                            let mut call = script.prepare_invoke();
-                            call.key(&keys[0]).arg(keys.len());
-                            for key in &keys {
-                                call.arg(key);
-                            }
-                            for token in &tokens {
-                                call.arg(token);
-                            }
-                            let _: Vec<redis::Value> = call.invoke_async(&mut conn).await.expect("coalesced call");
-                        }
-                        done.fetch_add(keys.len() as u64, Ordering::Relaxed);
+                        let cycles = scripts.cycle(&mut conn, &node, &keys, n).await.expect("coalesced call");
+                        done.fetch_add(cycles, Ordering::Relaxed);
                         n += 1;
                     }
                 }));
@@ -187,35 +164,6 @@ fn main() {
         let done = done.load(Ordering::Relaxed);
         println!("{:.0} cycles/s ({done} cycles)", done as f64 / started.elapsed().as_secs_f64());
     });
-}
-
-/// `count` lock keys grouped by the primary serving each (its address, as `CLUSTER SLOTS` names it).
-async fn keys_by_node(
-    conn: &mut redis::cluster_async::ClusterConnection,
-    count: usize,
-) -> std::collections::BTreeMap<String, Vec<String>> {
-    use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary);
-    let slots = conn.route_command(redis::cmd("CLUSTER").arg("SLOTS").clone(), route).await.expect("CLUSTER SLOTS");
-    // Each range: [start, end, [host, port, ..], replicas..].
-    let ranges: Vec<(i64, i64, (String, i64))> = redis::from_redis_value::<Vec<Vec<redis::Value>>>(slots)
-        .expect("slot ranges")
-        .into_iter()
-        .map(|range| {
-            let (start, end) = (redis::from_redis_value(range[0].clone()), redis::from_redis_value(range[1].clone()));
-            let primary: Vec<redis::Value> = redis::from_redis_value(range[2].clone()).expect("primary");
-            let address = (redis::from_redis_value(primary[0].clone()), redis::from_redis_value(primary[1].clone()));
-            (start.expect("start"), end.expect("end"), (address.0.expect("host"), address.1.expect("port")))
-        })
-        .collect();
-    let mut nodes = std::collections::BTreeMap::<String, Vec<String>>::new();
-    for k in 0..count {
-        let key = format!("coalesced:{k}");
-        let slot: i64 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(&key).query_async(conn).await.expect("KEYSLOT");
-        let (_, _, (host, port)) = ranges.iter().find(|(s, e, _)| (*s..=*e).contains(&slot)).expect("served slot");
-        nodes.entry(format!("{host}:{port}")).or_default().push(key);
-    }
-    nodes
 }
 
 /// A connection through the redis crate's own cluster client.
