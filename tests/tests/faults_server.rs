@@ -70,9 +70,18 @@ async fn bounded<T>(what: &str, limit: Duration, call: impl std::future::Future<
     (out, took)
 }
 
-fn expect_timeout<T: std::fmt::Debug>(what: &str, result: Result<T, LockError>) {
+/// A backend timeout whose message says which lock, which server and what to do (the rule for every Redis
+/// error; `build()`'s own timeouts are checked in timeouts.rs).
+fn expect_timeout<T: std::fmt::Debug>(what: &str, key: &str, server: &str, result: Result<T, LockError>) {
     match result {
-        Err(LockError::Backend(e)) => assert!(e.is_timeout() || e.to_string().contains("timed out"), "{what}: {e}"),
+        Err(LockError::Backend(e)) => {
+            let message = e.to_string();
+            assert!(e.is_timeout() || message.contains("timed out"), "{what}: {message}");
+            assert!(message.contains(&format!("lock `{key}`")), "{what}: the lock is not named: {message}");
+            assert!(message.contains(&format!(" at {server} ")), "{what}: {server} is not named: {message}");
+            let hint = message.rsplit("; ").next().unwrap_or_default();
+            assert!(hint.len() > 20 && hint != message, "{what}: no hint of what to do: {message}");
+        }
         other => panic!("{what}: expected a backend timeout, got {other:?}"),
     }
 }
@@ -101,9 +110,9 @@ async fn s04_frozen_server_no_call_hangs_body_cancelled_at_deadline_recovers() {
     let froze = Instant::now();
     let calls = async {
         let (r, _) = bounded("try_acquire on a frozen server", timeout, client.lock("other").try_acquire()).await;
-        expect_timeout("try_acquire", r);
+        expect_timeout("try_acquire", "other", &server.url(), r);
         let (r, _) = bounded("lock_info on a frozen server", timeout, client.lock_info(KEY)).await;
-        expect_timeout("lock_info", r);
+        expect_timeout("lock_info", KEY, &server.url(), r);
         let wait = ms(700);
         let (r, _) = bounded("acquire with a wait", wait + timeout, client.lock("other").wait(wait).acquire()).await;
         assert!(r.is_err(), "acquired on a frozen server: {r:?}");
@@ -148,9 +157,9 @@ async fn s04_debug_sleep_calls_end_within_their_timeout_then_work() {
     // (The server runs these once it wakes up: the timed-out acquire then leaves an orphan grant on its
     // key until its lease ends, which is scenario 8's subject; KEY is not used for it.)
     let (r, _) = bounded("try_acquire during DEBUG SLEEP", timeout, client.lock("during-sleep").try_acquire()).await;
-    expect_timeout("try_acquire", r);
+    expect_timeout("try_acquire", "during-sleep", &server.url(), r);
     let (r, _) = bounded("lock_info during DEBUG SLEEP", timeout, client.lock_info(KEY)).await;
-    expect_timeout("lock_info", r);
+    expect_timeout("lock_info", KEY, &server.url(), r);
     within(secs(5), "DEBUG SLEEP ends", sleeping).await.unwrap();
     let guard =
         within(secs(5), "acquire after the sleep", client.lock(KEY).acquire()).await.expect("the client works again");

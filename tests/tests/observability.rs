@@ -295,6 +295,31 @@ both_backends!(
     a_waiter_handed_the_lock_is_a_debug_event,
 );
 
+/// `force_unlock` warns when the lock's key held a value distlock did not write (another program's, deleted),
+/// and only then: not when it frees a lock. Redis only (the in-process store has no foreign values).
+#[tokio::test]
+async fn force_unlock_warns_of_a_foreign_value_not_of_a_lock() {
+    let logs = logs::capture();
+    let fx = Fixture::redis().await;
+    let client = fx.client();
+    let (foreign, held) = ("obs:foreign-value", "obs:forced-lock");
+    let mut conn = fx.redis_connection().expect("a Redis fixture");
+    let _: () = redis::cmd("SET")
+        .arg(client.record_key(foreign))
+        .arg("written by another program")
+        .query_async(&mut conn)
+        .await
+        .expect("SET");
+    assert!(client.force_unlock(foreign).await.expect("force_unlock of the foreign value"));
+    let _guard = client.lock(held).ttl(secs(30)).acquire().await.expect("free");
+    assert!(client.force_unlock(held).await.expect("force_unlock of the lock"));
+    let warned = |key: &str| {
+        let lines = logs.matching(Level::WARN, &["did not write"]);
+        lines.into_iter().filter(|l| l.fields.get("key").map(String::as_str) == Some(key)).count()
+    };
+    assert_eq!((warned(foreign), warned(held)), (1, 0), "{}", logs.dump());
+}
+
 /// Without a client the attribute's span still says what happened: `error`, with the function's path.
 #[tokio::test]
 async fn an_unconfigured_attribute_is_an_error_outcome() {
