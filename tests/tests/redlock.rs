@@ -275,6 +275,26 @@ async fn a_hung_server_does_not_slow_acquires_and_a_late_grant_is_given_back() {
     other.release().await.expect("release");
 }
 
+/// A round that a hung majority leaves without a quorum fails, and its error names the first silent server and
+/// what happened there: like every Redis error, it says which server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_majority_s_error_names_a_silent_server() {
+    let _serial = distlock_tests::serial().await;
+    let fixture = Fixture::redlock().await;
+    let servers: Vec<&RedisServer> = fixture.redlock_servers().collect();
+    // Resumed (SIGCONT) when dropped, also when an assertion fails.
+    let _hung = [Stopped::stop(servers[0].pid().expect("pid")), Stopped::stop(servers[1].pid().expect("pid"))];
+    // ttl 2 s: each server gets a twentieth of it, 100 ms, to answer.
+    let acquire = fixture.client().lock("hung-majority").ttl(secs(2)).acquire();
+    let error = within(secs(10), "a round without a quorum", acquire).await.expect_err("one of three granted");
+    let message = error.to_string();
+    assert!(message.contains("only 1 of 3 servers"), "{message}");
+    assert!(message.contains("no answer within redlock's per-server timeout"), "{message}");
+    assert!(message.contains(&format!(" at {} ", servers[0].url())), "the silent server is not named: {message}");
+    // What to do: the round's own wait decided, not the response timeout.
+    assert!(message.contains("redlock waits 100ms for each server's reply"), "a wrong hint: {message}");
+}
+
 /// 64 tasks on two clients contend for 4 keys for 2 s, polling (Redlock has no queue): never two bodies
 /// of one key at once, and no update of a per-key counter lost. Prints how evenly the grants spread, as
 /// Redlock promises no fairness.

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
 use super::RedlockBackend;
-use crate::backend::redis::errors::redis_error;
+use crate::backend::redis::errors::redis_error_with_hint;
 use crate::backend::redis::timeout_error;
 use crate::backend::RedisBackend;
 use crate::{LockError, LockToken};
@@ -163,7 +163,13 @@ impl RedlockBackend {
             .map(|(reply, server)| {
                 reply.unwrap_or_else(|| {
                     let silent = timeout_error("no answer within redlock's per-server timeout");
-                    Err(redis_error(server.server(), Some(key), silent).into())
+                    // Not the response timeout's hint: a round waits less than that for each server.
+                    let hint = format!(
+                        "redlock waits {limit:?} for each server's reply (a twentieth of the ttl when taking a lock, \
+                         at most the response timeout): check that the server is up and not overloaded; a longer \
+                         ttl or ClientBuilder::response_timeout gives it longer"
+                    );
+                    Err(redis_error_with_hint(server.server(), hint, silent).for_key(Some(key)).into())
                 })
             })
             .collect()
