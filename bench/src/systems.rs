@@ -180,13 +180,7 @@ impl Raw {
 
     /// EVALSHA compare-and-delete: true when it was ours.
     pub async fn unlock(&self, conn: &mut ConnectionManager, key: &str, token: &Token) -> redis::RedisResult<bool> {
-        let n: i64 = redis::cmd("EVALSHA")
-            .arg(&self.release_sha)
-            .arg(1)
-            .arg(key)
-            .arg(token.as_bytes())
-            .query_async(conn)
-            .await?;
+        let n: i64 = evalsha(&self.release_sha, key, token).query_async(conn).await?;
         Ok(n == 1)
     }
 
@@ -198,21 +192,9 @@ impl Raw {
         ttl: Duration,
     ) -> redis::RedisResult<bool> {
         let token = Token::random();
-        let _: i64 = redis::cmd("EVALSHA")
-            .arg(&self.fenced_acquire_sha)
-            .arg(1)
-            .arg(key)
-            .arg(token.as_bytes())
-            .arg(ttl.as_millis() as u64)
-            .query_async(conn)
-            .await?;
-        let freed: i64 = redis::cmd("EVALSHA")
-            .arg(&self.fenced_release_sha)
-            .arg(1)
-            .arg(key)
-            .arg(token.as_bytes())
-            .query_async(conn)
-            .await?;
+        let mut acquire = evalsha(&self.fenced_acquire_sha, key, &token);
+        let _: i64 = acquire.arg(ttl.as_millis() as u64).query_async(conn).await?;
+        let freed: i64 = evalsha(&self.fenced_release_sha, key, &token).query_async(conn).await?;
         Ok(freed == 1)
     }
 
@@ -259,6 +241,13 @@ impl Raw {
         let replies: Vec<i64> = pipe.query_async(&mut self.conn.clone()).await?;
         Ok(replies.iter().sum())
     }
+}
+
+/// `EVALSHA sha 1 key token`: a one-key script call with the token as its first argument.
+fn evalsha(sha: &str, key: &str, token: &Token) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(sha).arg(1).arg(key).arg(token.as_bytes());
+    cmd
 }
 
 /// Everything a cycle needs, shared by all tasks.
