@@ -450,11 +450,20 @@ fn refresh_interval(request: &LockRequest, retry: u32) -> Duration {
     request.retry.delay(retry).unwrap_or_default().min(request.ttl / 3).max(Duration::from_millis(1))
 }
 
+/// The least hand-over lease (unless `ttl` is shorter). A hand-over's lease counts from the heir's last attempt,
+/// and its first renewal must come back within it: three early refresh intervals (137–175 ms at the default
+/// retry) were missed by a task starved of CPU that long, which lost its lock as it began. A dead heir holds the
+/// lock idle this long at most, and only if it died within three intervals before its turn (its mark is gone
+/// after that, and it is passed over).
+const HAND_OVER_LEASE_FLOOR: Duration = Duration::from_secs(1);
+
 /// The registration sent with attempt number `attempt`: the client's mark outlives two missed refreshes of
-/// its first waiter, the place two of its own (seldom, unless first); a hand-over lease no longer than the mark.
+/// its first waiter, the place two of its own (seldom, unless first); a hand-over lease as long as the mark,
+/// at least [`HAND_OVER_LEASE_FLOOR`], at most `ttl`.
 fn queueing(request: &LockRequest, retry: u32, attempt: u64, client: u64) -> Queueing {
     let register = refresh_interval(request, retry) * 3 + Duration::from_millis(100);
-    Queueing { register, keep: register.max(line::KEEP), client, lease: register.min(request.ttl), attempt }
+    let lease = register.max(HAND_OVER_LEASE_FLOOR).min(request.ttl);
+    Queueing { register, keep: register.max(line::KEEP), client, lease, attempt }
 }
 
 /// A request under way: its lock names and token. If it is dropped (cancelled) or fails while an attempt

@@ -65,14 +65,7 @@ async fn mutual_exclusion_loses_no_update(fx: Fixture) {
                         counter.racy_increment(ms(2)).await;
                         inside.fetch_sub(1, Ordering::SeqCst);
                     };
-                    // A grant handed over to a waiter starts with the lease the waiter registered: three of its
-                    // refresh intervals + 100 ms, dated from its last attempt (137–175 ms at the default retry),
-                    // which its first renewal must beat. With the whole suite running on two cores a task
-                    // sometimes got no CPU that long, and the body was dropped as lost (1 run in 7 here). Waiters
-                    // that refresh every 150–300 ms register 550 ms or more; exclusion is checked the same.
-                    let retry = RetryStrategy::Linear { step: ms(300) };
-                    let request = client.lock(KEY).ttl(secs(10)).wait(secs(60)).retry(retry);
-                    request.run(body).await.expect("lock under contention");
+                    client.lock(KEY).ttl(secs(10)).wait(secs(60)).run(body).await.expect("lock under contention");
                 }
             });
         }

@@ -258,7 +258,7 @@ async fn a_dead_client_s_waiters_are_all_skipped_at_hand_over(fx: Fixture) {
     holder.release().await.expect("release");
     let (served, guard) = within(LIMIT, "live waiter served", live).await.expect("no panic").expect("acquired");
     let handoff = served.duration_since(released);
-    // Six hand-over leases of 0.25–0.4 s each, had the dead places been used.
+    // Six hand-over leases of 1 s each (the floor), had the dead places been used.
     assert!(handoff < Duration::from_millis(500), "dead waiters held up the queue for {handoff:?}");
     assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
     drop(dead);

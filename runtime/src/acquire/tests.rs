@@ -386,3 +386,26 @@ async fn the_waiter_made_first_keeps_its_client_s_mark_while_the_lock_is_held() 
     let gap = second_served - first_released;
     assert!(gap < Duration::from_millis(50), "the second waiter was served {gap:?} after the first released");
 }
+
+/// A grant handed over to a waiter at the default retry starts with at least a second of lease, dated from the
+/// waiter's last attempt, for its first renewal to come back in. It used to be the mark's three early refresh
+/// intervals (137–175 ms), and a waiter whose task got no CPU that long (the whole suite on two cores) lost its
+/// lock as its body began.
+#[tokio::test(start_paused = true)]
+async fn a_grant_handed_over_at_the_default_retry_has_a_second_to_renew_in() {
+    let client = client_on(MemoryBackend::new("t".into()));
+    let holder = client.lock("k").ttl(Duration::from_secs(10)).acquire().await.unwrap();
+    let waiter =
+        crate::hooks::spawn(client.lock("k").ttl(Duration::from_secs(10)).wait(Duration::from_secs(5)).acquire());
+    while client.inner.lines.len(&client.record_key("k")) < 1 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // Within the first retry interval (12.5–25 ms), where the mark is shortest.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let released = tokio::time::Instant::now();
+    holder.release().await.unwrap();
+    let heir = waiter.await.unwrap().expect("handed the lock");
+    let lease = heir.deadline() - released;
+    assert!(lease >= Duration::from_millis(900), "the heir's lease ends {lease:?} after the hand-over");
+    heir.release().await.unwrap();
+}

@@ -408,6 +408,12 @@ impl Sim {
         world.check_lost_before_body(client, name, keys, tokens);
     }
 
+    /// Whether a `force_unlock` deleted one of `guard`'s grants. For the liveness hold: a `force_unlock` sent
+    /// before calm by a client that then crashed can still land after it (redis seed 675, a leg of 81 ms).
+    pub fn force_unlocked(&self, guard: &LockGuard) -> bool {
+        guard.grants().iter().any(|grant| self.0.excused(grant.token.as_str()))
+    }
+
     /// A lock body runs (a step, or its start): S5, the store holds its grant. `chain` is each body around this
     /// one and this one, innermost last: its `current_lock()` guard, the keys its request named (a reentrant
     /// request's body sees the grants of the body around it, and is watched for the loss of its own keys only)
