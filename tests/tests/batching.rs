@@ -291,3 +291,31 @@ async fn acquires_sharing_a_call_keep_their_own_metadata_and_ttl() {
         assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
     }
 }
+
+/// Releases that share a call answer as lone ones do: of a lock whose record is gone (expired, or deleted
+/// here), each says `Expired`, not `Unconfirmed`, which only a release sent again after a lost reply may say
+/// ('s' in the shared call; the mutation report's batch.rs `Op::letter`: every shared release marked as sent
+/// again). 64 locks, their records deleted, released at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_sharing_a_call_of_records_gone_say_expired() {
+    const LOCKS: usize = 64;
+    let fx = Fixture::redis().await;
+    let mut conn = fx.redis_connection().unwrap();
+    let mut guards = Vec::new();
+    for i in 0..LOCKS {
+        let name = format!("gone-{i}");
+        guards.push(fx.client().lock(&name).ttl(secs(30)).acquire().await.expect("acquire"));
+        let () = redis::cmd("DEL").arg(fx.client().record_key(&name)).query_async(&mut conn).await.unwrap();
+    }
+    let calls_before = script_calls(&mut conn).await;
+    let mut tasks = JoinSet::new();
+    for guard in guards {
+        tasks.spawn(async move { (guard.key().to_owned(), guard.release().await.expect("release")) });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        let (key, outcome) = joined.expect("no panic");
+        assert_eq!(outcome, ReleaseOutcome::Expired, "lock {key}, its record gone");
+    }
+    let calls = script_calls(&mut conn).await - calls_before;
+    assert!(calls < LOCKS as u64, "{calls} script calls for {LOCKS} releases: no call was shared");
+}

@@ -173,6 +173,49 @@ async fn s31_5_a_resent_release_without_a_trace_reports_unconfirmed() {
     assert_eq!(outcome, ReleaseOutcome::Unconfirmed, "a resend without a trace claimed to know");
 }
 
+/// Releases that shared a call, sent again without a trace of their first run: each says `Unconfirmed`, as a
+/// lone one does (the shared call marks each release sent again, 's'; the mutation report's batch.rs
+/// `Op::letter`: without the mark they claimed `Expired`). 16 locks released at once, their replies lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s31_5_resent_releases_sharing_a_call_without_a_trace_report_unconfirmed() {
+    const LOCKS: usize = 16;
+    let fx = Fixture::redis().await;
+    let (client, proxy) = client_through_proxy(&fx).await;
+    let names: Vec<String> = (0..LOCKS).map(|i| format!("s31-5-shared-{i}")).collect();
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(client.lock(name).ttl(secs(10)).acquire().await.expect("acquire"));
+    }
+    let records: Vec<String> = names.iter().map(|name| client.record_key(name)).collect();
+    // Once every release has run, the records and their traces go before the resends arrive.
+    let gone = || async {
+        for record in &records {
+            if !freed(record_value(&fx, record).await.as_deref()) {
+                return false;
+            }
+        }
+        let mut admin = fx.redis_connection().expect("redis");
+        for record in &records {
+            let () = redis::cmd("DEL").arg(record).arg(format!("{record}:last")).query_async(&mut admin).await.unwrap();
+        }
+        true
+    };
+    let releases = async move {
+        let mut tasks = tokio::task::JoinSet::new();
+        for guard in guards {
+            tasks.spawn(async move { (guard.key().to_owned(), guard.release().await) });
+        }
+        tasks.join_all().await
+    };
+    for (key, outcome) in with_lost_reply(&proxy, releases, gone).await {
+        assert_eq!(
+            outcome.expect("release"),
+            ReleaseOutcome::Unconfirmed,
+            "lock {key}: a resend without a trace claimed to know"
+        );
+    }
+}
+
 /// An extend whose reply is lost after it ran is sent again, finds its own token and extends again: `Ok`, and
 /// the guard stays valid with the longer lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
