@@ -306,3 +306,30 @@ async fn a_nodes_acquires_and_releases_share_calls_under_load() {
     eprintln!("{} calls on one primary, {shared} of them for several locks", calls.len());
     assert!(shared > 0, "no call carried several locks:\n{}", monitor.tail(20));
 }
+
+/// A lock's key whose record another program replaced (with a list here) fails its renewals with the error
+/// that node's shared renewal call caught for it alone, which says why (WRONGTYPE), and the lock is reported
+/// lost. (The mutation report's `renewal_results`: without its arm for a caught error, the renewal read as an
+/// unexpected reply, and nothing said why the lock was lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_error_caught_for_one_key_of_a_shared_call_says_why() {
+    let logs = distlock_tests::logs::capture();
+    let fx = Fixture::cluster().await;
+    let cluster = fx.redis_cluster().expect("cluster fixture");
+    let keys: Vec<String> = (0..30).map(|i| format!("foreign-renew-{i}")).collect();
+    let broken = fx.client().record_key(&keys[0]);
+    let node = cluster.node(cluster.primary_for(&broken)).expect("its primary");
+    let mut conn = node.connection().await;
+    let guard = fx.client().lock_all(keys.clone()).ttl(ms(900)).acquire().await.expect("lock_all");
+    let () = redis::cmd("DEL").arg(&broken).query_async(&mut conn).await.unwrap();
+    let () = redis::cmd("RPUSH").arg(&broken).arg("not a lock").query_async(&mut conn).await.unwrap();
+    within(secs(10), "the lock reported lost", guard.lost()).await;
+    let failed = logs.matching(tracing::Level::DEBUG, &["renewal failed"]);
+    let of_broken: Vec<_> = failed.iter().filter(|line| line.fields.get("key") == Some(&keys[0])).collect();
+    assert!(
+        of_broken.iter().any(|line| line.fields.get("error").is_some_and(|e| e.contains("WRONGTYPE"))),
+        "no renewal error of {} says why: {of_broken:?}",
+        keys[0]
+    );
+    drop(guard);
+}
