@@ -465,7 +465,7 @@ fn answer_to(call: &str, reply: Value) -> Option<Value> {
 const OUT_OF_STEP: &str = "a reply on this connection answered another call (the connection is replaced)";
 
 /// The error of a call that got another call's reply.
-fn out_of_step_error() -> RedisError {
+pub(super) fn out_of_step_error() -> RedisError {
     RedisError::from((redis::ErrorKind::Io, OUT_OF_STEP))
 }
 
