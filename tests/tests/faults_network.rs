@@ -493,3 +493,23 @@ async fn under_replica_acks_a_hand_over_found_while_withdrawing_is_given_back() 
     })
     .await;
 }
+
+/// A request whose attempt failed (timed out: the server unreachable) is not retried when the pause before the
+/// retry would end past its wait: it fails at once, saying so, rather than sleeping past the wait its caller
+/// gave it and answering late. (The mutation report's acquire.rs `now + pause` → `now - pause`: the request
+/// slept 5–10 s here, past its wait of 2 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_attempt_is_not_retried_past_the_wait() {
+    let server = RedisServer::new();
+    let proxy = FaultProxy::to_port(server.port()).await;
+    let client = client_via(&proxy.url(), ms(200)).await;
+    proxy.set_fault(Fault::Blackhole);
+    let wait = secs(2);
+    let started = Instant::now();
+    let request = client.lock("unreachable").wait(wait).retry(RetryStrategy::Linear { step: secs(10) });
+    let error = request.acquire().await.expect_err("the server is unreachable");
+    let took = started.elapsed();
+    assert!(took < wait, "answered {took:?} after it started, past its wait of {wait:?}: {error}");
+    assert!(error.to_string().contains("wait ran out after 1 failed attempt"), "the error does not say so: {error}");
+    proxy.set_fault(Fault::Pass);
+}
