@@ -40,13 +40,13 @@ const STEP_BACK_MS: i64 = -2000;
 /// The ttl of every grant here.
 const TTL: Duration = secs(10);
 
-/// W's retries: every 1 ms, so it refreshes its place every 1 ms and registers a hand-over lease of
-/// 3 × 1 ms + 100 ms (acquire.rs `queueing`), which lapses well inside W's stall.
+/// W's retries: every 1 ms, so it refreshes its place every 1 ms and registers the shortest hand-over lease,
+/// the floor of 1 s (acquire.rs `queueing`, `HAND_OVER_LEASE_FLOOR`), which lapses well inside W's stall.
 const EVERY_MS: RetryStrategy = RetryStrategy::Linear { step: ms(1) };
 
-/// How long W's runtime is frozen: long enough for H's release, the hand-over's lapse, the clock step and C's
-/// grant to happen inside it.
-const STALL: Duration = ms(1500);
+/// How long W's runtime is frozen: long enough for H's release, the hand-over's lapse (1 s after it), the clock
+/// step and C's grant to happen inside it.
+const STALL: Duration = ms(3000);
 
 async fn client(url: String) -> Client {
     Client::builder().redis(url).build().await.expect("client")
@@ -133,7 +133,7 @@ struct LapsedHandOver {
 
 /// H holds `key`, W (ttl 10 s, retries every 1 ms, on `w_client` whose runtime is `w_runtime`) queues behind
 /// it; `before_stall` runs; W's runtime is frozen for [`STALL`] and H releases, handing the lock to W, which
-/// cannot claim it; returns once the hand-over's record has lapsed (its ~103 ms lease), well before W wakes.
+/// cannot claim it; returns once the hand-over's record has lapsed (its 1 s lease), well before W wakes.
 async fn lapse_a_hand_over(
     server: &RedisServer,
     monitor: &Monitor,
@@ -211,7 +211,7 @@ async fn s31_2a_min_hold_release_keeps_the_last_token() {
 }
 
 /// Schedule 2b: a hand-over that lapses unclaimed. W (ttl 10 s, retries every 1 ms) is queued behind H; W's
-/// runtime is frozen, so it cannot claim; H releases and the lock is handed to W, for the ~103 ms hand-over
+/// runtime is frozen, so it cannot claim; H releases and the lock is handed to W, for the 1 s hand-over
 /// lease W registered; the record lapses. The server's clock steps back 2 s; C's grant must get a token above
 /// W's handed-over one (W's grant had a ttl of 10 s).
 ///

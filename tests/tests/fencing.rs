@@ -94,7 +94,7 @@ async fn released_locks_leave_no_key_without_an_expiry() {
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
     assert!(keys.len() >= 500, "expected the freed records of 500 keys, found {} keys", keys.len());
     for key in &keys {
-        // A lock handed over to a waiter has the waiter's short hand-over lease (three refreshes of its place),
+        // A lock handed over to a waiter has the waiter's short hand-over lease (1 s, or three refreshes of its place),
         // so its freed record may expire while this loop reads the others: gone is no key without an expiry.
         let pttl = pttl(&mut conn, key).await;
         if pttl == -2 {

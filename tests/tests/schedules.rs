@@ -191,7 +191,9 @@ async fn s15_1_stale_handover_after_stall(fx: Fixture) {
 /// it expired, builds a guard and drops it, and `LockGuard::drop` → `abandon()` sends no release. W gets
 /// `NotObtained`; the record keeps W's token for 5 s; C waits 5 s instead of ~0.1 s."
 ///
-/// Here retries every 5–10 ms make the hand-over lease 115–130 ms, and W stalls 140 ms.
+/// Here W's hand-over lease is the floor of 1 s (acquire.rs `HAND_OVER_LEASE_FLOOR`; its retries every
+/// 5–10 ms alone would make it 115–130 ms), and W stalls 1,030 ms: W wakes after the lease it dates from its
+/// last attempt before the stall, and before the server's, which counts from H's release 50 ms into it.
 ///
 /// Current engine: fails on Redis (C cannot take the key within 1.5 s: the record has W's 5 s lease). On
 /// memory it passes: the in-process store hands W its own record back without stretching the lease.
@@ -237,12 +239,13 @@ async fn late_claim_acknowledged(fx: Fixture, key: &'static str, wait_runs_out: 
     let _serial = serial().await;
     let monitor = fx.server().map(Monitor::start);
     let ttl = secs(5);
-    let stall = ms(140);
+    let stall = ms(1030);
     let w_runtime = StallableRuntime::start("W");
     let w_client = client_acknowledged_on(&fx, &w_runtime, replicas).await;
     let c_client = fx.other_client().await;
     let h = fx.client().lock(key).ttl(secs(10)).acquire().await.expect("H");
-    // Refreshes every 5-10 ms: a hand-over lease of 3 refreshes + 100 ms, 115-130 ms, shorter than the stall.
+    // Refreshes every 5-10 ms: a hand-over lease of 3 refreshes + 100 ms, raised to the floor of 1 s, which the
+    // stall outlasts.
     let retry = RetryStrategy::Linear { step: ms(10) };
     let wait = if wait_runs_out { ms(240) } else { secs(3) };
     let started = Instant::now();
@@ -289,7 +292,7 @@ async fn late_claim_acknowledged(fx: Fixture, key: &'static str, wait_runs_out: 
                 Err(e) => panic!(
                     "W's acquire failed ({error}), yet {key} stayed held: C could not obtain it within {bound:?} \
                      ({e}). Right after W gave up the record was {info:?} — W's abandoned claim keeps the lock \
-                     for W's full ttl ({ttl:?}), not the hand-over lease W registered (at most 130 ms)"
+                     for W's full ttl ({ttl:?}), not the hand-over lease W registered (1 s)"
                 ),
             }
         }
@@ -322,6 +325,9 @@ async fn wait_monitor<T>(monitor: &Monitor, from: usize, what: &str, found: impl
 /// whose `last_busy` still points at the unqueued attempt, assumes the full 10 s `ttl`. W stalls 400 ms
 /// (right after acquire returns, before the first renewal can run); C acquires; W reports valid after C's
 /// grant."
+///
+/// Since hand-over leases have a floor of 1 s (acquire.rs `HAND_OVER_LEASE_FLOOR`), W stalls 1,400 ms, not
+/// 400 ms, and C tries for 1,350 ms after W's acquire returned: the hand-over lapses inside the stall again.
 ///
 /// Sequencing: W's subscriber connection is delayed 100 ms each way, so when `MONITOR` shows W's
 /// `SUBSCRIBE`, the reply to the first attempt has arrived and the second has not been sent: only then do
@@ -365,8 +371,8 @@ async fn s15_3_lease_assumed_after_dropped_reply() {
     let w = w_runtime.spawn(async move {
         let outcome = acquire(w_client.lock(KEY).ttl(secs(10)).wait(secs(5))).await;
         let _ = returned_tx.send((outcome.returned, outcome.valid_on_return, outcome.fence()));
-        // W stalls before its first renewal can run.
-        std::thread::sleep(ms(400));
+        // W stalls before its first renewal can run, past its hand-over lease (the floor of 1 s).
+        std::thread::sleep(ms(1400));
         let valid_after_stall = outcome.result.as_ref().is_ok_and(|guard| !guard.is_lost());
         (outcome, valid_after_stall, Instant::now())
     });
@@ -393,15 +399,15 @@ async fn s15_3_lease_assumed_after_dropped_reply() {
         proxy.stats().dropped_reply_bytes > 0
     })
     .await;
-    // The crashed holder's lease lapses, with W registered in the queue (for ~150 ms).
+    // The crashed holder's lease lapses, with W registered in the queue (a hand-over lease of 1 s, the floor).
     let deleted: i64 = redis::cmd("DEL").arg(&record).query_async(&mut admin).await.unwrap();
     assert_eq!(deleted, 1, "setup: the crashed holder's record was gone already");
     assert!(proxy.set_connection_fault(COMMANDS, Fault::Pass));
 
     let (returned, valid_on_return, w_fence) = within(secs(5), "W's acquire", returned_rx).await.expect("W reported");
-    // W is stalled now. On the server its grant has the ~150 ms hand-over lease (a correct engine may instead
+    // W is stalled now. On the server its grant has the 1 s hand-over lease (a correct engine may instead
     // have claimed it for the full ttl: then C stays out, and the record must be W's).
-    let c = take_within(&c_client, KEY, returned + ms(350)).await;
+    let c = take_within(&c_client, KEY, returned + ms(1350)).await;
     let c_granted = Instant::now();
     let (outcome, valid_after_stall, checked) = within(secs(5), "W's stall", w).await.expect("W's task");
     let stalled_for = checked.saturating_duration_since(returned);
