@@ -275,6 +275,67 @@ async fn a_hung_server_does_not_slow_acquires_and_a_late_grant_is_given_back() {
     other.release().await.expect("release");
 }
 
+/// A round ends as soon as its outcome is certain, and not before. Of five servers, two that say no leave a
+/// quorum possible (the three others may still grant): the round waits for them. Three that say no make it
+/// impossible: the round fails at once, without waiting for the two silent ones. (The rule is `against >
+/// n − quorum`; read early, `>=`, `==` or `n / quorum` fail the first round, and read never, `n + quorum`,
+/// makes the second wait out the per-server timeout.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_ends_once_its_outcome_is_certain_and_not_before() {
+    let _serial = distlock_tests::serial().await;
+    let fixture = Fixture::redlock_of(5).await;
+    let client = client_with_response_timeout(&fixture, secs(10)).await;
+    let servers: Vec<&RedisServer> = fixture.redlock_servers().collect();
+    // ttl 20 s: each server gets min(ttl / 20, response timeout) = 1 s to answer.
+    let ttl = secs(20);
+    // Another client holds `key` on each of `on`, alone: those servers answer busy.
+    let held_on = |key: &'static str, on: &[usize]| {
+        let urls: Vec<String> = on.iter().map(|&i| servers[i].url()).collect();
+        async move {
+            let mut guards = Vec::new();
+            for url in urls {
+                let standalone = Client::builder().redis(url).build().await.expect("a client on one server");
+                guards.push(standalone.lock(key).ttl(secs(60)).acquire().await.expect("held on one server"));
+            }
+            guards
+        }
+    };
+
+    // Two say no at once; the three others answer once resumed, after both no's reached the client.
+    let held = held_on("two-no", &[0, 1]).await;
+    let record = client.record_key("two-no");
+    let monitors: Vec<Monitor> = servers[..2].iter().map(|s| Monitor::start(s)).collect();
+    let mut marks = Vec::new();
+    for (monitor, server) in monitors.iter().zip(&servers) {
+        marks.push(monitor.mark(&mut server.connection().await, "before-the-round").await);
+    }
+    let hung: Vec<Stopped> = servers[2..].iter().map(|s| Stopped::stop(s.pid().expect("pid"))).collect();
+    let round = tokio::spawn({
+        let client = client.clone();
+        async move { client.lock("two-no").ttl(ttl).try_acquire().await }
+    });
+    for (monitor, mark) in monitors.iter().zip(marks) {
+        monitor.wait_for(mark, &record, secs(5)).await;
+    }
+    // Time for the two no's to come back (they did not decide the round: it waits up to 1 s for the others).
+    tokio::time::sleep(ms(100)).await;
+    hung.into_iter().for_each(Stopped::resume);
+    let outcome = within(secs(5), "the round with two no's", round).await.expect("join").expect("try_acquire");
+    let guard = outcome.expect("two servers said no and three granted, yet the round failed: it ended early");
+    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+    drop(held);
+
+    // Three say no; two are silent. Nothing the silent ones say can make a quorum.
+    let held = held_on("three-no", &[0, 1, 2]).await;
+    let _hung: Vec<Stopped> = servers[3..].iter().map(|s| Stopped::stop(s.pid().expect("pid"))).collect();
+    let started = Instant::now();
+    let outcome = client.lock("three-no").ttl(ttl).try_acquire().await.expect("a lost round is no error");
+    let took = started.elapsed();
+    assert!(outcome.is_none(), "granted although three of five servers hold it for another client");
+    assert!(took < ms(500), "a round that three no's had decided waited {took:?} for the silent servers (1 s each)");
+    drop(held);
+}
+
 /// A round that a hung majority leaves without a quorum fails, and its error names the first silent server and
 /// what happened there: like every Redis error, it says which server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
