@@ -211,6 +211,12 @@ impl RedisServer {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Freezes the server (SIGSTOP: its sockets stay open, nothing is answered) until the returned
+    /// [`Stopped`](crate::sys::Stopped) is resumed or dropped.
+    pub fn freeze(&self) -> crate::sys::Stopped {
+        crate::sys::Stopped::stop(self.pid().expect("the server is not running"))
+    }
+
     /// Whether the process is still alive (reaps it if it exited).
     pub fn is_running(&mut self) -> bool {
         match self.child.as_mut() {

@@ -24,6 +24,12 @@ async fn servers_with(fixture: &Fixture, key: &str) -> usize {
     n
 }
 
+/// `key` held on `server` alone by a client of its own (the guard keeps it): there, that server answers busy.
+async fn held_alone(server: &RedisServer, key: &str, ttl: Duration) -> distlock::LockGuard {
+    let client = Client::builder().redis(server.url()).build().await.expect("a client on one server");
+    client.lock(key).ttl(ttl).acquire().await.expect("held on one server")
+}
+
 /// Waits until the server behind `conn` no longer has `record`, and checks that it was given back: `monitor`
 /// (started on that server before the round) saw the record deleted, which a release does only for the
 /// token's own grant. So it was a grant given back, not one never made.
@@ -245,7 +251,7 @@ async fn a_hung_server_does_not_slow_acquires_and_a_late_grant_is_given_back() {
     let client = client_with_response_timeout(&fixture, secs(10)).await;
     let servers: Vec<&RedisServer> = fixture.redlock_servers().collect();
     let on_hung = Monitor::start(servers[0]);
-    let hung = Stopped::stop(servers[0].pid().expect("pid"));
+    let hung = servers[0].freeze();
     // ttl 20 s: each server gets min(ttl/20, response timeout) = 1 s. Rounds decided by the two live servers
     // take nothing like it.
     let mut slowest = Duration::ZERO;
@@ -259,8 +265,7 @@ async fn a_hung_server_does_not_slow_acquires_and_a_late_grant_is_given_back() {
     assert!(slowest < ms(500), "an acquire+release cycle with one hung server took {slowest:?}");
 
     // Now the hung server's vote is needed: server 1 holds the lock for someone else.
-    let standalone = Client::builder().redis(servers[1].url()).build().await.expect("client on server 1");
-    let other = standalone.lock("late").ttl(secs(30)).acquire().await.expect("held on server 1");
+    let other = held_alone(servers[1], "late", secs(30)).await;
     let ttl = secs(2); // each server gets 100 ms
     let started = Instant::now();
     let outcome = client.lock("late").ttl(ttl).try_acquire().await.expect("a lost round is no error");
@@ -289,27 +294,26 @@ async fn a_round_ends_once_its_outcome_is_certain_and_not_before() {
     // ttl 20 s: each server gets min(ttl / 20, response timeout) = 1 s to answer.
     let ttl = secs(20);
     // Another client holds `key` on each of `on`, alone: those servers answer busy.
-    let held_on = |key: &'static str, on: &[usize]| {
-        let urls: Vec<String> = on.iter().map(|&i| servers[i].url()).collect();
+    let held_on = |key: &'static str, on: std::ops::Range<usize>| {
+        let on = &servers[on];
         async move {
             let mut guards = Vec::new();
-            for url in urls {
-                let standalone = Client::builder().redis(url).build().await.expect("a client on one server");
-                guards.push(standalone.lock(key).ttl(secs(60)).acquire().await.expect("held on one server"));
+            for server in on {
+                guards.push(held_alone(server, key, secs(60)).await);
             }
             guards
         }
     };
 
     // Two say no at once; the three others answer once resumed, after both no's reached the client.
-    let held = held_on("two-no", &[0, 1]).await;
+    let held = held_on("two-no", 0..2).await;
     let record = client.record_key("two-no");
     let monitors: Vec<Monitor> = servers[..2].iter().map(|s| Monitor::start(s)).collect();
     let mut marks = Vec::new();
     for (monitor, server) in monitors.iter().zip(&servers) {
         marks.push(monitor.mark(&mut server.connection().await, "before-the-round").await);
     }
-    let hung: Vec<Stopped> = servers[2..].iter().map(|s| Stopped::stop(s.pid().expect("pid"))).collect();
+    let hung: Vec<Stopped> = servers[2..].iter().map(|s| s.freeze()).collect();
     let round = tokio::spawn({
         let client = client.clone();
         async move { client.lock("two-no").ttl(ttl).try_acquire().await }
@@ -326,8 +330,8 @@ async fn a_round_ends_once_its_outcome_is_certain_and_not_before() {
     drop(held);
 
     // Three say no; two are silent. Nothing the silent ones say can make a quorum.
-    let held = held_on("three-no", &[0, 1, 2]).await;
-    let _hung: Vec<Stopped> = servers[3..].iter().map(|s| Stopped::stop(s.pid().expect("pid"))).collect();
+    let held = held_on("three-no", 0..3).await;
+    let _hung: Vec<Stopped> = servers[3..].iter().map(|s| s.freeze()).collect();
     let started = Instant::now();
     let outcome = client.lock("three-no").ttl(ttl).try_acquire().await.expect("a lost round is no error");
     let took = started.elapsed();
@@ -376,7 +380,7 @@ async fn a_release_says_expired_only_when_the_servers_say_so() {
 
     let guard = client.lock("silent").ttl(secs(30)).acquire().await.expect("acquire");
     let servers: Vec<&RedisServer> = fixture.redlock_servers().collect();
-    let _hung = [Stopped::stop(servers[0].pid().expect("pid")), Stopped::stop(servers[1].pid().expect("pid"))];
+    let _hung = [servers[0].freeze(), servers[1].freeze()];
     let outcome = within(secs(10), "a release two servers do not answer", guard.release()).await;
     assert!(outcome.is_err(), "a release that two of three servers did not answer said {outcome:?}");
 }
@@ -389,7 +393,7 @@ async fn a_hung_majority_s_error_names_a_silent_server() {
     let fixture = Fixture::redlock().await;
     let servers: Vec<&RedisServer> = fixture.redlock_servers().collect();
     // Resumed (SIGCONT) when dropped, also when an assertion fails.
-    let _hung = [Stopped::stop(servers[0].pid().expect("pid")), Stopped::stop(servers[1].pid().expect("pid"))];
+    let _hung = [servers[0].freeze(), servers[1].freeze()];
     // ttl 2 s: each server gets a twentieth of it, 100 ms, to answer.
     let acquire = fixture.client().lock("hung-majority").ttl(secs(2)).acquire();
     let error = within(secs(10), "a round without a quorum", acquire).await.expect_err("one of three granted");
@@ -471,7 +475,7 @@ async fn a_give_back_never_deletes_a_grant_a_later_round_counted() {
     let _held2 = on2.lock("k").ttl(secs(30)).acquire().await.expect("held on server 2");
     let record = client.record_key("k");
     let mut conns = fixture.redlock_connections();
-    let hung = Stopped::stop(servers[0].pid().expect("pid"));
+    let hung = servers[0].freeze();
     let acquiring = {
         let client = client.clone();
         tokio::spawn(async move {
@@ -512,7 +516,7 @@ async fn a_grant_still_on_its_way_from_a_round_that_succeeded_counts_for_renewal
     let servers: Vec<&RedisServer> = fixture.redlock_servers().collect();
     let record = client.record_key("k");
     let mut conns = fixture.redlock_connections();
-    let hung = Stopped::stop(servers[2].pid().expect("pid"));
+    let hung = servers[2].freeze();
     let guard = client.lock("k").ttl(secs(30)).acquire().await.expect("granted by servers 0 and 1");
     let guard = std::sync::Arc::new(guard);
     let deleted: i64 = conns[0].del(&record).await.expect("DEL");
@@ -716,7 +720,7 @@ async fn a_hung_server_costs_the_held_locks_nothing() {
     }
     let held = std::sync::Arc::new(held);
     let watch = RenewalWatch::start(held.clone(), ttl);
-    let hung = Stopped::stop(servers[0].pid().expect("pid"));
+    let hung = servers[0].freeze();
     // A whole lease: the locks outlive it only through renewals by the other two servers.
     tokio::time::sleep(ttl).await;
     hung.resume();

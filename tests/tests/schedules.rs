@@ -327,7 +327,7 @@ async fn wait_monitor<T>(monitor: &Monitor, from: usize, what: &str, found: impl
 /// grant."
 ///
 /// Since hand-over leases have a floor of 1 s (acquire.rs `HAND_OVER_LEASE_FLOOR`), W stalls 1,400 ms, not
-/// 400 ms, and C tries for 1,350 ms after W's acquire returned: the hand-over lapses inside the stall again.
+/// 400 ms, and C tries for 1,350 ms after W's acquire returned: past the hand-over lease, as the schedule needs.
 ///
 /// Sequencing: W's subscriber connection is delayed 100 ms each way, so when `MONITOR` shows W's
 /// `SUBSCRIBE`, the reply to the first attempt has arrived and the second has not been sent: only then do
