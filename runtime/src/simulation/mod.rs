@@ -161,6 +161,9 @@ pub(crate) struct World {
     replication: tokio::sync::Notify,
 }
 
+/// A client's connection to one server, by (client, server): the memory model's calls all go on server 0's.
+type Lane = (usize, usize);
+
 #[derive(Debug)]
 struct State {
     rng: fastrand::Rng,
@@ -201,11 +204,11 @@ struct State {
     owners_seen: std::collections::BTreeSet<(String, String, u64)>,
     /// Which client sent each token the store has seen.
     owners: std::collections::BTreeMap<String, usize>,
-    /// Per client: calls made, calls the store applied (or lost), and calls answered (or lost): one
-    /// connection per client, so the store applies and answers them in order.
-    issued: Vec<u64>,
-    applied: Vec<u64>,
-    replied: Vec<u64>,
+    /// Per client and server (its [`Lane`]): calls made, calls the store applied (or lost), and calls answered
+    /// (or lost): one connection per client and server, so that server applies and answers them in order.
+    issued: std::collections::BTreeMap<Lane, u64>,
+    applied: std::collections::BTreeMap<Lane, u64>,
+    replied: std::collections::BTreeMap<Lane, u64>,
     /// Per record: the subscribers to its announcements, in the order they subscribed.
     hubs: std::collections::BTreeMap<String, Vec<tokio::sync::mpsc::UnboundedSender<crate::backend::Announcement>>>,
     /// What the rules of `outcomes.rs` remember: applied releases, forced unlocks, `max_hold` caps, shutdowns.
@@ -328,9 +331,9 @@ impl World {
             bodies: Default::default(),
             owners_seen: Default::default(),
             owners: Default::default(),
-            issued: vec![0; clients],
-            applied: vec![0; clients],
-            replied: vec![0; clients],
+            issued: Default::default(),
+            applied: Default::default(),
+            replied: Default::default(),
             hubs: Default::default(),
             truth: Default::default(),
             calm: false,
@@ -596,6 +599,21 @@ impl Sim {
         drop(nodes);
         self.0.disturb(None, now, now + how_long);
         self.0.trace(|| format!("server {server} PAUSED for {how_long:?}"));
+    }
+
+    /// Server `server` fails for the rest of the schedule: it stops answering (`hung`, a hung or unreachable
+    /// server), or it is down (every call on it fails at once, as a refused connection does). What a Redlock
+    /// group rides out while a majority answers, so its clients are not counted disturbed: a request that
+    /// fails, a guard lost or a lock left held while a quorum answers is the engine's fault, not the server's.
+    pub fn fail_server(&self, server: usize, hung: bool) {
+        self.fault();
+        let mut nodes = self.0.nodes();
+        match hung {
+            true => nodes[server].paused_until = Instant::now() + Duration::from_secs(86_400),
+            false => nodes[server].down = true,
+        }
+        drop(nodes);
+        self.0.trace(|| format!("server {server} {} for good", if hung { "HUNG" } else { "DOWN" }));
     }
 
     /// Steps server `server`'s wall clock by `micros` (forward when positive). A step forward beyond a lease's

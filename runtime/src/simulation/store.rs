@@ -37,7 +37,9 @@ pub(crate) struct SimStore {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Plan {
     pub(super) id: u64,
-    /// This call's place among its client's calls: one connection applies and answers them in order.
+    /// The connection it goes on, and its place among that connection's calls, which the server applies and
+    /// answers in order.
+    pub(super) lane: super::Lane,
     pub(super) seq: u64,
     pub(super) request: Duration,
     pub(super) reply: Duration,
@@ -48,13 +50,15 @@ pub(super) struct Plan {
 }
 
 impl World {
-    pub(super) fn plan(&self, client: usize) -> Plan {
+    pub(super) fn plan(&self, lane: super::Lane) -> Plan {
         let config = &self.config;
+        let client = lane.0;
         let mut state = self.state();
         state.calls += 1;
         let id = state.calls;
-        let seq = state.issued[client];
-        state.issued[client] += 1;
+        let issued = state.issued.entry(lane).or_default();
+        let seq = *issued;
+        *issued += 1;
         let mut faults = 0;
         let mut leg = |state: &mut super::State| {
             if state.rng.f64() < state.chance_of(config.slow) {
@@ -76,7 +80,7 @@ impl World {
             let now = Instant::now();
             state.disturbed[client].push((now, now + config.response_timeout + 2 * config.slow_delay));
         }
-        Plan { id, seq, request, reply, lose_request, lose_reply, blackhole }
+        Plan { id, lane, seq, request, reply, lose_request, lose_reply, blackhole }
     }
 
     /// Carries one call to the store and its reply back, as `plan` says.
@@ -95,32 +99,32 @@ impl World {
         // The request leaves only when its client runs.
         self.wait_unfrozen(client).await;
         tokio::time::sleep(plan.request).await;
-        self.in_turn(plan.seq, |state| state.applied[client]).await;
+        self.in_turn(plan.seq, |state| state.applied.get(&plan.lane).copied().unwrap_or(0)).await;
         if plan.lose_request {
             self.trace(|| format!("c{client} #{id} request LOST"));
-            self.next_turn(|state| state.applied[client] += 1);
-            self.next_turn(|state| state.replied[client] += 1);
+            self.next_turn(|state| *state.applied.entry(plan.lane).or_default() += 1);
+            self.next_turn(|state| *state.replied.entry(plan.lane).or_default() += 1);
             self.landed(client, id, issued, issued + self.config.response_timeout);
             return self.lost(plan, reply).await;
         }
         self.wait_unpaused().await;
         let out = op.await;
         self.trace(|| format!("c{client} #{id} applied: {}", shown(&out)));
-        self.next_turn(|state| state.applied[client] += 1);
+        self.next_turn(|state| *state.applied.entry(plan.lane).or_default() += 1);
         for record in &records {
             self.check_fence(record);
         }
         self.check("store");
         if plan.lose_reply {
             self.trace(|| format!("c{client} #{id} reply LOST (applied)"));
-            self.next_turn(|state| state.replied[client] += 1);
+            self.next_turn(|state| *state.replied.entry(plan.lane).or_default() += 1);
             self.landed(client, id, issued, issued + self.config.response_timeout);
             return self.lost(plan, reply).await;
         }
         tokio::time::sleep(plan.reply).await;
-        self.in_turn(plan.seq, |state| state.replied[client]).await;
+        self.in_turn(plan.seq, |state| state.replied.get(&plan.lane).copied().unwrap_or(0)).await;
         let _ = reply.send(out);
-        self.next_turn(|state| state.replied[client] += 1);
+        self.next_turn(|state| *state.replied.entry(plan.lane).or_default() += 1);
         // Slowed, or held up behind a slow call, a pause or a stall: the oracle's time bounds make room for it.
         let took = issued.elapsed();
         if took > plan.request + plan.reply || took > 2 * self.config.normal_delay {
@@ -224,7 +228,7 @@ impl SimStore {
         Fut: Future<Output = Result<T, LockError>> + Send + 'static,
     {
         let (world, client) = (&self.world, self.client);
-        let plan = world.plan(client);
+        let plan = world.plan((client, 0));
         let id = plan.id;
         world.trace(|| {
             let mut faults = String::new();

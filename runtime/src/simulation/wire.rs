@@ -41,6 +41,8 @@ pub(crate) struct Node {
     /// The server's wall clock minus the simulation's, in µs: steps move it.
     pub(super) clock_offset_us: i64,
     pub(super) paused_until: Instant,
+    /// Down for good: every call on it fails at once, as a refused connection does.
+    pub(super) down: bool,
     /// When it last restarted (or, for the primary, failed over): calls sent before then are reset.
     pub(super) reset_at: Option<Instant>,
     /// Every restart and every clock step, for the oracle's assumptions.
@@ -80,6 +82,7 @@ impl Node {
             redis: SimRedis::running(mutant),
             clock_offset_us,
             paused_until: now,
+            down: false,
             reset_at: None,
             restarts: Vec::new(),
             steps: Vec::new(),
@@ -173,7 +176,7 @@ impl World {
         }
         let mut nodes = self.nodes();
         let node = self.resolve(&nodes, connection.target);
-        if nodes[node].reset_at.is_some_and(|at| at > opened) {
+        if nodes[node].down || nodes[node].reset_at.is_some_and(|at| at > opened) {
             return Wire::Reset;
         }
         match name.as_slice() {
@@ -662,7 +665,12 @@ impl Connection {
     async fn call(&self, args: Vec<Vec<u8>>) -> RedisResult<Value> {
         let (world, client) = (&self.world, self.client);
         self.note_tokens(&args);
-        let plan = world.plan(client);
+        // A Redlock group's servers answer on connections of their own: a hung one holds up no other's calls.
+        let lane = match self.state.target {
+            Target::Node(node) => node,
+            Target::Primary => 0,
+        };
+        let plan = world.plan((client, lane));
         let id = plan.id;
         world.trace(|| {
             let to = match self.state.target {
