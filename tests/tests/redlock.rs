@@ -734,3 +734,24 @@ async fn a_hung_server_costs_the_held_locks_nothing() {
         assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released, "{key}");
     }
 }
+
+/// A Redlock client's `Debug` names each of its servers and none of their passwords (what `bad_input` checks
+/// for a one-server client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_names_every_server_and_no_password() {
+    const PASSWORD: &str = "r3dlock-Pa55word";
+    let servers = [RedisServer::new(), RedisServer::new(), RedisServer::new()];
+    for server in &servers {
+        let mut admin = server.connection().await;
+        let _: () = redis::cmd("CONFIG").arg("SET").arg("requirepass").arg(PASSWORD).query_async(&mut admin).await.unwrap();
+    }
+    let urls: Vec<String> = servers.iter().map(|s| format!("redis://:{PASSWORD}@127.0.0.1:{}/", s.port())).collect();
+    let client = Client::builder().redlock(urls).build().await.expect("redlock client with passwords");
+    let shown = format!("{client:?}");
+    assert!(!shown.contains(PASSWORD), "Debug shows a password: {shown}");
+    for server in &servers {
+        assert!(shown.contains(&format!("127.0.0.1:{}", server.port())), "Debug does not name {}: {shown}", server.port());
+    }
+    let guard = client.lock("debug").acquire().await.expect("acquire with passwords");
+    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+}

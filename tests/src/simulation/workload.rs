@@ -163,7 +163,8 @@ async fn held_once_calm(sim: &Sim, guard: LockGuard, what: &str) -> bool {
 
 /// `key` was just released, nobody else asks for it, and its servers answer (on Redlock, a quorum of them):
 /// a request without a wait must be served at its first attempt, the guard and `lock_info` must say how long
-/// it is held, and once released `lock_info` must say free. (A retry within a wait hides a rule that gives up
+/// it is held, and once released `lock_info` must say free; taken again and force-unlocked, its guard's
+/// `remaining_ttl` must say gone and its release `Expired`. (A retry within a wait hides a rule that gives up
 /// a round too soon: the round-resolution mutants of `redlock/mod.rs` passed every liveness check above.)
 async fn served_at_once(sim: &Sim, client: &Client, c: usize, key: &str) {
     let what = format!("c{c} liveness: {key} free, asked again without a wait");
@@ -187,7 +188,25 @@ async fn served_at_once(sim: &Sim, client: &Client, c: usize, key: &str) {
     }
     match client.lock_info(key).await {
         Ok(None) => {}
-        other => sim.violation(format!("{what}: lock_info once released read {other:?}")),
+        other => return sim.violation(format!("{what}: lock_info once released read {other:?}")),
+    }
+    // Taken once more and freed under its guard by an operator: the guard's remaining_ttl reads `None` (on
+    // Redlock, decided by the servers that say so, as lock_info's free answer above).
+    let guard = match client.lock(key).ttl(CALM_TTL).try_acquire().await {
+        Ok(Some(guard)) => guard,
+        other => return sim.violation(format!("{what}, then once more: {:?}", other.map(|g| g.is_some()))),
+    };
+    match client.force_unlock(key).await {
+        Ok(true) => {}
+        other => return sim.violation(format!("{what}: force_unlock of the held key read {other:?}")),
+    }
+    match guard.remaining_ttl().await {
+        Ok(None) => {}
+        other => sim.violation(format!("{what}: remaining_ttl once force-unlocked read {other:?}")),
+    }
+    match guard.release().await {
+        Ok(distlock::ReleaseOutcome::Expired) => {}
+        other => sim.violation(format!("{what}: released once force-unlocked as {other:?}")),
     }
 }
 
