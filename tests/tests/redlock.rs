@@ -743,15 +743,46 @@ async fn debug_names_every_server_and_no_password() {
     let servers = [RedisServer::new(), RedisServer::new(), RedisServer::new()];
     for server in &servers {
         let mut admin = server.connection().await;
-        let _: () = redis::cmd("CONFIG").arg("SET").arg("requirepass").arg(PASSWORD).query_async(&mut admin).await.unwrap();
+        let _: () =
+            redis::cmd("CONFIG").arg("SET").arg("requirepass").arg(PASSWORD).query_async(&mut admin).await.unwrap();
     }
     let urls: Vec<String> = servers.iter().map(|s| format!("redis://:{PASSWORD}@127.0.0.1:{}/", s.port())).collect();
     let client = Client::builder().redlock(urls).build().await.expect("redlock client with passwords");
     let shown = format!("{client:?}");
     assert!(!shown.contains(PASSWORD), "Debug shows a password: {shown}");
     for server in &servers {
-        assert!(shown.contains(&format!("127.0.0.1:{}", server.port())), "Debug does not name {}: {shown}", server.port());
+        assert!(
+            shown.contains(&format!("127.0.0.1:{}", server.port())),
+            "Debug does not name {}: {shown}",
+            server.port()
+        );
     }
     let guard = client.lock("debug").acquire().await.expect("acquire with passwords");
     assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+}
+
+/// "Gone" and "free" need a quorum too: with three of five servers silent and the two that answer without the
+/// record, neither `remaining_ttl` nor `lock_info` may say the lock is gone or free (two can be a minority's
+/// view: the silent three may all still hold it). Both must fail, and say why. (Mutants that read `Ok(None)` from
+/// `n - quorum` "not held" answers, or from `n / quorum`, were missed by every other test.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gone_or_free_is_said_only_by_a_quorum() {
+    let _serial = distlock_tests::serial().await;
+    let fixture = Fixture::redlock_of(5).await;
+    let client = client_with_response_timeout(&fixture, secs(2)).await;
+    let servers: Vec<&RedisServer> = fixture.redlock_servers().collect();
+    let guard = client.lock("minority-view").ttl(secs(30)).acquire().await.expect("acquire");
+    let record = client.record_key("minority-view");
+    for server in &servers[..2] {
+        let _: () = server.connection().await.del(&record).await.expect("DEL");
+    }
+    let hung: Vec<Stopped> = servers[2..].iter().map(|s| s.freeze()).collect();
+    let remaining = within(secs(10), "remaining_ttl", guard.remaining_ttl()).await;
+    assert!(remaining.is_err(), "two of five servers without the record made remaining_ttl say {remaining:?}");
+    let info = within(secs(10), "lock_info", client.lock_info("minority-view")).await;
+    assert!(info.is_err(), "two of five servers without the record made lock_info say {info:?}");
+    let text = info.unwrap_err().to_string();
+    assert!(text.contains("2 of 5") || text.contains("0 of 5"), "the error does not count the servers: {text}");
+    hung.into_iter().for_each(Stopped::resume);
+    drop(guard);
 }
