@@ -105,13 +105,19 @@ static LOGS: OnceLock<&'static Logs> = OnceLock::new();
 ///
 /// Panics if another global subscriber was installed first.
 pub fn capture() -> &'static Logs {
-    LOGS.get_or_init(|| {
+    let logs = LOGS.get_or_init(|| {
         let logs: &'static Logs = Box::leak(Box::default());
         let subscriber = tracing_subscriber::registry().with(Capture(logs).with_filter(LevelFilter::DEBUG));
         tracing::subscriber::set_global_default(subscriber)
             .expect("another global tracing subscriber is installed; distlock_tests::logs needs its own");
         logs
-    })
+    });
+    // A callsite first hit on another test's thread while the subscriber was being installed can keep the
+    // interest it got from no subscriber ("never"), and its events are then lost for good: the `observability`
+    // binary once captured no `lock lost` WARN, and none of its test's own events (3 lines in all). Each
+    // test asks again from its own start.
+    tracing::callsite::rebuild_interest_cache();
+    logs
 }
 
 /// A span's index in [`Logs::spans`], kept in the registry's data for the span.
