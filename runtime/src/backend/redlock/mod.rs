@@ -157,6 +157,29 @@ fn quorum_remaining(mut remaining: Vec<Duration>, quorum: usize) -> Option<Durat
     remaining.get(quorum - 1).copied()
 }
 
+/// A release's outcome as a quorum of its servers' `replies` tells it, or `Err(released)` (how many released)
+/// when the servers that failed could hide a quorum that still held the lock.
+fn release_verdict(replies: &[Result<ReleaseOutcome, LockError>], quorum: usize) -> Result<ReleaseOutcome, usize> {
+    let said = |outcome: ReleaseOutcome| replies.iter().filter(|r| matches!(r, Ok(o) if *o == outcome)).count();
+    let released = said(ReleaseOutcome::Released);
+    if released >= quorum {
+        return Ok(ReleaseOutcome::Released);
+    }
+    // A release sent again on a server that then found no trace of its first run: that run may have freed it.
+    let unconfirmed = said(ReleaseOutcome::Unconfirmed);
+    if released + unconfirmed >= quorum {
+        return Ok(ReleaseOutcome::Unconfirmed);
+    }
+    if said(ReleaseOutcome::TakenByOther) > 0 {
+        return Ok(ReleaseOutcome::TakenByOther);
+    }
+    // Errors could hide a quorum that still held it, with those that released it or may have.
+    if released + unconfirmed + replies.iter().filter(|r| r.is_err()).count() >= quorum {
+        return Err(released);
+    }
+    Ok(ReleaseOutcome::Expired)
+}
+
 impl Store for RedlockBackend {
     type Cursor = RedlockCursor;
 
@@ -338,23 +361,7 @@ impl Store for RedlockBackend {
         let decided =
             |r: &[Option<Result<ReleaseOutcome, LockError>>]| count(r, |o| *o == ReleaseOutcome::Released) >= quorum;
         let replies = self.collect(&mut rx, self.per_server(None), &keys.name, decided).await;
-        let released = replies.iter().filter(|r| matches!(r, Ok(ReleaseOutcome::Released))).count();
-        if released >= quorum {
-            return Ok(ReleaseOutcome::Released);
-        }
-        // A release sent again on a server that then found no trace of its first run: that run may have freed it.
-        let unconfirmed = replies.iter().filter(|r| matches!(r, Ok(ReleaseOutcome::Unconfirmed))).count();
-        if released + unconfirmed >= quorum {
-            return Ok(ReleaseOutcome::Unconfirmed);
-        }
-        if replies.iter().any(|r| matches!(r, Ok(ReleaseOutcome::TakenByOther))) {
-            return Ok(ReleaseOutcome::TakenByOther);
-        }
-        // Errors could hide a quorum that still held it.
-        if released + replies.iter().filter(|r| r.is_err()).count() >= quorum {
-            return Err(self.no_quorum("confirmed the release", released, replies));
-        }
-        Ok(ReleaseOutcome::Expired)
+        release_verdict(&replies, quorum).map_err(|released| self.no_quorum("confirmed the release", released, replies))
     }
 
     /// The lease a quorum still has for `token`: the quorum-th longest among the servers.
@@ -461,53 +468,4 @@ impl Store for RedlockBackend {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use tokio::time::Instant;
-
-    use super::{quorum_lease, quorum_remaining, Live, RedlockBackend, Unfinished};
-    use crate::backend::{LockKeys, Store};
-    use crate::LockToken;
-
-    fn ms(n: u64) -> Duration {
-        Duration::from_millis(n)
-    }
-
-    #[test]
-    fn the_quorum_lease_is_its_shortest_and_a_late_quorum_has_none() {
-        let start = Instant::now();
-        // The shortest lease of the quorum, while its validity (lease − 1% − 2 ms from the start) lasts.
-        assert_eq!(quorum_lease(start, start + ms(5), &[ms(1000), ms(990)]), Some(ms(990)));
-        // 1000 ms − 12 ms of drift = 988 ms: a quorum reached later than that is a failure.
-        assert_eq!(quorum_lease(start, start + ms(987), &[ms(1000)]), Some(ms(1000)));
-        assert_eq!(quorum_lease(start, start + ms(988), &[ms(1000)]), None);
-        assert_eq!(quorum_lease(start, start + ms(500), &[ms(1000), ms(400)]), None);
-        assert_eq!(quorum_lease(start, start, &[]), None);
-    }
-
-    /// A release forgets the lock it gives back: `Live` holds only the locks still held, so the client's
-    /// memory does not grow with every lock it ever took (the mutation report's `Live::leave` -> `()`). No
-    /// server is needed: the token is forgotten before any is asked, whatever they answer.
-    #[tokio::test]
-    async fn a_release_forgets_the_lock_it_gives_back() {
-        let backend = RedlockBackend {
-            servers: Vec::new(),
-            unfinished: Unfinished::default(),
-            live: Live::default(),
-            names: "none".into(),
-            response: ms(100),
-        };
-        let (keys, token) = (LockKeys::new("t:", "k".to_owned()), LockToken::random());
-        backend.live.enter(&token, "meta");
-        assert!(backend.live.is_held(&token));
-        let _no_quorum_of_no_servers = backend.release(&keys, &token, None, None).await;
-        assert!(!backend.live.is_held(&token), "a released lock stays among the held ones");
-    }
-
-    #[test]
-    fn a_quorum_holds_as_long_as_its_quorum_th_longest_lease() {
-        assert_eq!(quorum_remaining(vec![ms(10), ms(30), ms(20)], 2), Some(ms(20)));
-        assert_eq!(quorum_remaining(vec![ms(10)], 2), None);
-    }
-}
+mod tests;
