@@ -26,6 +26,8 @@ use crate::backend::LockKeys;
 use crate::grant::Grant;
 use crate::{LockError, LockGuard, OnLost, ReleaseOutcome};
 
+mod quorum;
+
 /// What an applied release found in the store, for its token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Found {
@@ -35,6 +37,17 @@ enum Found {
     Other,
     /// No record, or one kept by nobody (after a `min_hold` release).
     Nobody,
+}
+
+impl Found {
+    /// What a record seen as `seen` (`peek`'s) is for `token`.
+    fn of(seen: Option<(Option<String>, u64, Instant)>, token: &str) -> Self {
+        match seen {
+            Some((Some(holder), ..)) if holder == token => Found::Ours,
+            Some((Some(_), ..)) => Found::Other,
+            _ => Found::Nobody,
+        }
+    }
 }
 
 /// Whether a resend came after a send that found the grant, among the releases applied in one release's time.
@@ -54,6 +67,8 @@ struct Applied {
     /// The model's client path sent it again after an ambiguous failure (the Redis backend's resend after a
     /// reconnect); the reply the client got may be this one's.
     resent: bool,
+    /// The server that applied it (a Redlock group's; 0 on the single-primary models).
+    node: usize,
 }
 
 /// A guard under `max_hold`: it must read lost once its renewals have stopped and its longest lease ran out.
@@ -81,6 +96,9 @@ pub(super) struct Truth {
     /// Per token: when the store last applied an acquire attempt of it (the models that report them), and its
     /// place in the order of application.
     attempted: BTreeMap<String, (Instant, u64)>,
+    /// Per token and Redlock server: when that server last applied an acquire attempt of it (a round's, or a
+    /// renewal's taking a lapsed record again).
+    attempted_on: BTreeMap<(String, usize), Instant>,
     /// Releases and acquire attempts applied so far.
     applied: u64,
     /// Guards under `max_hold`, watched until the end of the schedule.
@@ -101,42 +119,56 @@ pub struct Releasing {
 impl World {
     /// What `token` finds in `record` now.
     fn found(&self, record: &str, token: &str) -> Found {
-        match self.peek(record) {
-            Some((Some(holder), ..)) if holder == token => Found::Ours,
-            Some((Some(_), ..)) => Found::Other,
-            _ => Found::Nobody,
-        }
+        Found::of(self.peek(record), token)
+    }
+
+    /// What server `node` of a Redlock group holds at `record`, for `token`.
+    fn found_on(&self, node: usize, record: &str, token: &str) -> Found {
+        let nodes = self.nodes();
+        Found::of(self.peek_node(&nodes, node, record), token)
     }
 
     /// The store is about to apply a release of `record` by `token` (`resent`: sent again by the client path).
     /// `after_acquire`: an acquire earlier in the same call may take a free record first (found in
     /// simulation, redis seed 1691 of the whole workload: a BATCH "ar" on one key after a force_unlock), so a
     /// free record may be found taken by another; `after_release`: a release earlier in the same call may free
-    /// the record another token holds (redis seed 4966 of the whole workload: a BATCH "rr" of one key by the
-    /// grant that took it after a restart, then by the grant the restart lost), so it may be found free.
-    pub(super) fn applying_release(&self, record: &str, token: &str, resent: bool, after: (bool, bool)) {
+    /// the record, another token's (redis seed 4966 of the whole workload: a BATCH "rr" of one key by the grant
+    /// that took it after a restart, then by the grant the restart lost) or this token's own (Redlock seed 1408:
+    /// the engine's give-back beside the guard's release), so it may be found free.
+    /// `node`: the server applying it, on a Redlock group (each keeps its own record); 0 elsewhere.
+    pub(super) fn applying_release(&self, record: &str, token: &str, resent: bool, after: (bool, bool), node: usize) {
         let (after_acquire, after_release) = after;
-        let (at, found) = (Instant::now(), self.found(record, token));
+        let found = match self.config.model {
+            super::Model::Redlock(_) => self.found_on(node, record, token),
+            _ => self.found(record, token),
+        };
+        let at = Instant::now();
         let mut state = self.state();
         state.truth.applied += 1;
         let seq = state.truth.applied;
         let releases = state.truth.releases.entry(token.to_owned()).or_default();
-        releases.push(Applied { at, seq, found, resent });
+        releases.push(Applied { at, seq, found, resent, node });
         if after_acquire && found == Found::Nobody {
-            releases.push(Applied { at, seq, found: Found::Other, resent });
+            releases.push(Applied { at, seq, found: Found::Other, resent, node });
         }
-        if after_release && found == Found::Other {
-            releases.push(Applied { at, seq, found: Found::Nobody, resent });
+        // The earlier release may be this token's own (a BATCH "rr" of one record: a give-back beside the
+        // guard's release): then this one finds nothing either.
+        if after_release && found != Found::Nobody {
+            releases.push(Applied { at, seq, found: Found::Nobody, resent, node });
         }
     }
 
     /// The store is about to apply an acquire attempt by `token`: a request that gave back a grant it could not
     /// use (too late, or not acknowledged by the replicas) keeps its token and place, and may be granted again.
-    pub(super) fn applying_acquire(&self, token: &str) {
+    pub(super) fn applying_acquire(&self, token: &str, node: usize) {
         let mut state = self.state();
         state.truth.applied += 1;
         let seq = state.truth.applied;
-        state.truth.attempted.insert(token.to_owned(), (Instant::now(), seq));
+        let now = Instant::now();
+        state.truth.attempted.insert(token.to_owned(), (now, seq));
+        if matches!(self.config.model, super::Model::Redlock(_)) {
+            state.truth.attempted_on.insert((token.to_owned(), node), now);
+        }
     }
 
     /// The store is about to apply a renewal or extend of `record` by `token`: S8, none after its release
@@ -187,6 +219,9 @@ impl World {
 
     /// Whether `outcome` can be true of the release of `token` on `record` that ran from `from` to `to`.
     fn could_be(&self, record: &str, token: &str, from: Instant, to: Instant, outcome: ReleaseOutcome) -> bool {
+        if let super::Model::Redlock(n) = self.config.model {
+            return self.could_be_on_a_quorum(n, record, token, (from, to), outcome);
+        }
         let state = self.state();
         let all = state.truth.releases.get(token).map_or(&[][..], Vec::as_slice);
         let mut within = all.iter().filter(|a| a.at >= from && a.at <= to).peekable();
@@ -222,6 +257,7 @@ impl World {
 
     /// What the store applied of `token`'s releases from `from` on, for a message.
     fn releases_of(&self, token: &str, from: Instant) -> String {
+        let redlock = matches!(self.config.model, super::Model::Redlock(_));
         let state = self.state();
         let all = state.truth.releases.get(token).map_or(&[][..], Vec::as_slice);
         let shown: Vec<String> = all
@@ -229,7 +265,8 @@ impl World {
             .map(|a| {
                 let at = a.at.saturating_duration_since(self.start).as_secs_f64() * 1000.0;
                 let before = if a.at < from { " (before this release)" } else { "" };
-                format!("{:?}{} at {at:.3} ms{before}", a.found, if a.resent { " resent" } else { "" })
+                let on = if redlock { format!(" on s{}", a.node) } else { String::new() };
+                format!("{:?}{}{on} at {at:.3} ms{before}", a.found, if a.resent { " resent" } else { "" })
             })
             .collect();
         if shown.is_empty() {
@@ -502,9 +539,6 @@ impl Sim {
         let world = &self.0;
         world.trace(|| format!("c{client} {name}: released: {outcome:?}"));
         let Ok(outcome) = *outcome else { return };
-        if matches!(world.config.model, super::Model::Redlock(_)) {
-            return; // A Redlock release is a round over servers: not checked here (wire.rs reports none).
-        }
         let (from, to) = (releasing.started, Instant::now());
         let owned: Vec<&(String, String, bool)> = releasing.parts.iter().filter(|p| !p.2).collect();
         let true_of = |(record, token, _): &&(String, String, bool)| world.could_be(record, token, from, to, outcome);

@@ -378,7 +378,7 @@ impl Store for SimStore {
         let what = format!("release {} by {token}", keys.name);
         // This layer never sends a command again: a lost reply is an error to the engine.
         self.call(what, keys, async move {
-            world.applying_release(&k.record, t.as_str(), false, (false, false));
+            world.applying_release(&k.record, t.as_str(), false, (false, false), 0);
             m.release(&k, &t, fence, keep).await
         })
         .await

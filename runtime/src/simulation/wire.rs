@@ -215,10 +215,11 @@ impl World {
             return Wire::Reply(error("READONLY You can't write against a read only replica."));
         }
         let mut reported = reported_to_oracle(&nodes[node].redis, &args);
-        if matches!(self.config.model, super::Model::Redlock(_)) {
-            // Redlock's releases and renewals are rounds over servers: the oracle's release outcomes and S8
-            // are checked on the single-primary models only; a force_unlock deletes on every server.
-            reported.retain(|r| matches!(r, Report::ForceUnlock { .. }));
+        let redlock = matches!(self.config.model, super::Model::Redlock(_));
+        if redlock {
+            // Redlock's renewals are rounds over servers: S8 is checked on the single-primary models only.
+            // Its releases are judged per server (outcomes/quorum.rs), after the token's last acquire attempt.
+            reported.retain(|r| !matches!(r, Report::Renew { .. }));
         }
         let now_us = self.node_now_us(&nodes[node]);
         if !reported.is_empty() {
@@ -227,7 +228,7 @@ impl World {
             for report in &reported {
                 match report {
                     Report::Release { record, token, resent, after_acquire, after_release } => {
-                        self.applying_release(record, token, *resent, (*after_acquire, *after_release))
+                        self.applying_release(record, token, *resent, (*after_acquire, *after_release), node)
                     }
                     Report::Renew { record, token, ttl } => {
                         self.asked(token, ttl);
@@ -235,8 +236,10 @@ impl World {
                     }
                     Report::ForceUnlock { record } => self.applying_force_unlock(record, node),
                     Report::Acquire { token, ttl } => {
-                        self.asked(token, ttl);
-                        self.applying_acquire(token)
+                        if !redlock {
+                            self.asked(token, ttl); // The fencing assumption's: Redlock has no fencing.
+                        }
+                        self.applying_acquire(token, node)
                     }
                 }
             }
@@ -471,7 +474,7 @@ impl World {
 enum Report {
     /// `after_acquire`: an earlier operation of the same BATCH call may grant the same record (to another
     /// token), so what the release finds is not known before the call runs; `after_release`: an earlier one
-    /// may free it (another token's release of the same record, then this one finds nobody).
+    /// may free it (a release of the same record, by another token or this one: then this one finds nobody).
     Release {
         record: String,
         token: String,
@@ -518,7 +521,7 @@ fn reported_to_oracle(redis: &SimRedis, args: &[Vec<u8>]) -> Vec<Report> {
             (1..=keys).map(|i| Report::Renew { record: key(i), token: arg(2 * i - 1), ttl: arg(2 * i) }).collect()
         }
         "FORCE_UNLOCK" => vec![Report::ForceUnlock { record: key(1) }],
-        "ACQUIRE" => vec![Report::Acquire { token: arg(1), ttl: arg(2) }],
+        "ACQUIRE" | "ACQUIRE_PLAIN" => vec![Report::Acquire { token: arg(1), ttl: arg(2) }],
         "ACQUIRE_ALL" => (1..=keys).map(|i| Report::Acquire { token: arg(2 + i), ttl: arg(1) }).collect(),
         "BATCH" => {
             // ARGV[1]: one letter per operation; each operation's arguments follow, in order (batch.lua).
