@@ -112,6 +112,25 @@ async fn a_lock_is_held_on_every_server_excludes_others_and_is_released_everywhe
     second.release().await.expect("release");
 }
 
+/// `force_unlock` deletes the record on every server and says whether there was one: true for a held lock, whose
+/// guard then reads gone, and false for a free one (the mutation report's `force_unlock` → `Ok(true)` and
+/// `Ok(false)`, and its quorum rule).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_unlock_deletes_everywhere_and_says_whether_a_lock_was_held() {
+    let fixture = Fixture::redlock().await;
+    let record = fixture.client().record_key("job");
+    let guard = fixture.client().lock("job").ttl(secs(5)).acquire().await.expect("acquire");
+    eventually(secs(5), "the record on all three servers", || async { servers_with(&fixture, &record).await == 3 })
+        .await;
+    let operator = fixture.other_client().await;
+    assert!(operator.force_unlock("job").await.expect("force_unlock"), "a held lock force-unlocked read as free");
+    eventually(secs(5), "the record gone from every server", || async { servers_with(&fixture, &record).await == 0 })
+        .await;
+    assert_eq!(guard.remaining_ttl().await.expect("remaining_ttl"), None, "the guard still reads its lease");
+    assert!(!operator.force_unlock("job").await.expect("force_unlock"), "a free lock force-unlocked read as held");
+    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Expired);
+}
+
 /// The maximum of per-server counters is not monotonic, so Redlock claims no fencing token: the fallible
 /// accessor says so, the infallible one gives the documented 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
