@@ -24,6 +24,15 @@ async fn servers_with(fixture: &Fixture, key: &str) -> usize {
     n
 }
 
+/// `key` taken by `fixture`'s client for 5 s, once its record is on all three servers; and that record's key.
+async fn held_on_every_server(fixture: &Fixture, key: &str) -> (distlock::LockGuard, String) {
+    let record = fixture.client().record_key(key);
+    let guard = fixture.client().lock(key).ttl(secs(5)).acquire().await.expect("acquire");
+    eventually(secs(5), "the record on all three servers", || async { servers_with(fixture, &record).await == 3 })
+        .await;
+    (guard, record)
+}
+
 /// `key` held on `server` alone by a client of its own (the guard keeps it): there, that server answers busy.
 async fn held_alone(server: &RedisServer, key: &str, ttl: Duration) -> distlock::LockGuard {
     let client = Client::builder().redis(server.url()).build().await.expect("a client on one server");
@@ -97,10 +106,7 @@ async fn counts_that_are_not_odd_and_at_least_three_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_is_held_on_every_server_excludes_others_and_is_released_everywhere() {
     let fixture = Fixture::redlock().await;
-    let record = fixture.client().record_key("job");
-    let guard = fixture.client().lock("job").ttl(secs(5)).acquire().await.expect("acquire");
-    eventually(secs(5), "the record on all three servers", || async { servers_with(&fixture, &record).await == 3 })
-        .await;
+    let (guard, record) = held_on_every_server(&fixture, "job").await;
     let other = fixture.other_client().await;
     assert!(other.lock("job").try_acquire().await.expect("try_acquire").is_none(), "a second holder got in");
     let info = other.lock_info("job").await.expect("lock_info").expect("held");
@@ -118,10 +124,7 @@ async fn a_lock_is_held_on_every_server_excludes_others_and_is_released_everywhe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn force_unlock_deletes_everywhere_and_says_whether_a_lock_was_held() {
     let fixture = Fixture::redlock().await;
-    let record = fixture.client().record_key("job");
-    let guard = fixture.client().lock("job").ttl(secs(5)).acquire().await.expect("acquire");
-    eventually(secs(5), "the record on all three servers", || async { servers_with(&fixture, &record).await == 3 })
-        .await;
+    let (guard, record) = held_on_every_server(&fixture, "job").await;
     let operator = fixture.other_client().await;
     assert!(operator.force_unlock("job").await.expect("force_unlock"), "a held lock force-unlocked read as free");
     eventually(secs(5), "the record gone from every server", || async { servers_with(&fixture, &record).await == 0 })
