@@ -93,12 +93,10 @@ pub(super) struct Truth {
     releases: BTreeMap<String, Vec<Applied>>,
     /// Tokens whose record an applied `force_unlock` deleted.
     forced: BTreeSet<String>,
-    /// Per token: when the store last applied an acquire attempt of it (the models that report them), and its
-    /// place in the order of application.
-    attempted: BTreeMap<String, (Instant, u64)>,
-    /// Per token and Redlock server: when that server last applied an acquire attempt of it (a round's, or a
-    /// renewal's taking a lapsed record again).
-    attempted_on: BTreeMap<(String, usize), Instant>,
+    /// Per token and server (a Redlock group's; 0 on the single-primary models): when that server last applied
+    /// an acquire attempt of it (the models that report them; on Redlock a round's, or a renewal's taking a
+    /// lapsed record again), and its place in the order of application.
+    attempted: BTreeMap<(String, usize), (Instant, u64)>,
     /// Releases and acquire attempts applied so far.
     applied: u64,
     /// Guards under `max_hold`, watched until the end of the schedule.
@@ -160,15 +158,12 @@ impl World {
 
     /// The store is about to apply an acquire attempt by `token`: a request that gave back a grant it could not
     /// use (too late, or not acknowledged by the replicas) keeps its token and place, and may be granted again.
+    /// `node`: the server applying it, as for [`applying_release`](Self::applying_release).
     pub(super) fn applying_acquire(&self, token: &str, node: usize) {
         let mut state = self.state();
         state.truth.applied += 1;
         let seq = state.truth.applied;
-        let now = Instant::now();
-        state.truth.attempted.insert(token.to_owned(), (now, seq));
-        if matches!(self.config.model, super::Model::Redlock(_)) {
-            state.truth.attempted_on.insert((token.to_owned(), node), now);
-        }
+        state.truth.attempted.insert((token.to_owned(), node), (Instant::now(), seq));
     }
 
     /// The store is about to apply a renewal or extend of `record` by `token`: S8, none after its release
@@ -178,7 +173,7 @@ impl World {
         // Only a release applied after the token's last acquire attempt: one applied before it, at the same
         // instant, was of an earlier grant (redis+replicas seed 26410: a give-back delivered late, then the
         // request's next attempt granted).
-        let attempted = state.truth.attempted.get(token).map(|&(_, seq)| seq);
+        let attempted = state.truth.attempted.get(&(token.to_owned(), 0)).map(|&(_, seq)| seq);
         let released = state
             .truth
             .releases
@@ -231,7 +226,7 @@ impl World {
             // the guard's release began (found in simulation, redis seed 388 of the whole workload): any
             // release by this token since its last acquire attempt that found its grant.
             ReleaseOutcome::Released => {
-                let since = state.truth.attempted.get(token).map_or(from, |&(at, _)| at).min(from);
+                let since = state.truth.attempted.get(&(token.to_owned(), 0)).map_or(from, |&(at, _)| at).min(from);
                 all.iter().filter(|a| a.at >= since && a.at <= to).any(|a| a.found == Found::Ours)
             }
             // A resend of a release (its first send's reply lost) after a send that found the grant: that send

@@ -221,6 +221,9 @@ impl World {
             // Its releases are judged per server (outcomes/quorum.rs), after the token's last acquire attempt.
             reported.retain(|r| !matches!(r, Report::Renew { .. }));
         }
+        // The oracle's server: a Redlock group's own; the single-primary models keep one record, whichever node
+        // is primary (a failover moves it).
+        let server = if redlock { node } else { 0 };
         let now_us = self.node_now_us(&nodes[node]);
         if !reported.is_empty() {
             // The oracle reads the truth through the nodes: let go of them while it looks.
@@ -228,7 +231,7 @@ impl World {
             for report in &reported {
                 match report {
                     Report::Release { record, token, resent, after_acquire, after_release } => {
-                        self.applying_release(record, token, *resent, (*after_acquire, *after_release), node)
+                        self.applying_release(record, token, *resent, (*after_acquire, *after_release), server)
                     }
                     Report::Renew { record, token, ttl } => {
                         self.asked(token, ttl);
@@ -239,7 +242,7 @@ impl World {
                         if !redlock {
                             self.asked(token, ttl); // The fencing assumption's: Redlock has no fencing.
                         }
-                        self.applying_acquire(token, node)
+                        self.applying_acquire(token, server)
                     }
                 }
             }

@@ -31,8 +31,8 @@ impl World {
             // lapsed record again, server by server; as on one store).
             ReleaseOutcome::Released => {
                 let since = |node: usize| {
-                    let attempted = state.truth.attempted_on.get(&(token.to_owned(), node));
-                    attempted.map_or(from, |&at| at.min(from))
+                    let attempted = state.truth.attempted.get(&(token.to_owned(), node));
+                    attempted.map_or(from, |&(at, _)| at.min(from))
                 };
                 (0..n).filter(|&node| on(node, since(node)).iter().any(|a| a.found == Found::Ours)).count() >= quorum
             }
