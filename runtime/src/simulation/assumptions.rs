@@ -140,22 +140,24 @@ impl World {
     /// the assumption), and the quorum.
     pub(super) fn redlock_holders(&self, grant: &Grant) -> (usize, usize) {
         let lease = grant.lease();
-        let seen = self.peek_each(&grant.keys.record);
-        let holding = seen
-            .iter()
-            .enumerate()
-            .filter(|(node, seen)| {
-                let held = matches!(seen, Some((Some(token), _, expires))
-                    if token == grant.token.as_str() && *expires >= lease.valid_until);
-                held || self.restarted_since(*node, lease.since) || self.stepped_past_allowance(*node, grant)
+        let (now, record, token) = (Instant::now(), &grant.keys.record, grant.token.as_str());
+        let servers = self.nodes().len();
+        let holding = (0..servers)
+            .filter(|&node| {
+                let held = {
+                    let nodes = self.nodes();
+                    self.held_on_node(&nodes, node, record, token, now).is_some_and(|e| e >= lease.valid_until)
+                };
+                held || self.restarted_since(node, lease.since) || self.stepped_past_allowance(node, grant)
             })
             .count();
-        (holding, seen.len() / 2 + 1)
+        (holding, servers / 2 + 1)
     }
 
     /// Redlock: how many servers hold a record of `token`.
     pub(super) fn redlock_count(&self, record: &str, token: &str) -> usize {
-        self.peek_each(record).iter().filter(|s| matches!(s, Some((Some(t), ..)) if t == token)).count()
+        let (nodes, now) = (self.nodes(), Instant::now());
+        (0..nodes.len()).filter(|&node| self.held_on_node(&nodes, node, record, token, now).is_some()).count()
     }
 
     /// A script call about to run asks for `ttl` (ms, as sent) for `token`'s grant or renewal: the shortest

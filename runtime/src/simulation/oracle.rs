@@ -30,10 +30,10 @@ impl World {
             // Finality at every check, not only when the workload looks: a late reply that revives a lapsed
             // grant is seen even if no holder looked in between.
             self.check_lost_is_final(grant, grant.is_lost(), *client, name);
-            if grant.is_lost() || self.beyond_assumptions(grant) {
+            if grant.is_lost() || self.beyond_assumptions(grant) || self.excused(grant.token.as_str()) {
                 continue;
             }
-            if !self.check_grant(grant, *client, &format_args!("{name} ({when})")) {
+            if !self.check_held(grant, *client, &format_args!("{name} ({when})")) {
                 continue;
             }
             if let Some((other, _)) = valid.iter().find(|(record, _)| *record == grant.keys.record) {
@@ -47,15 +47,17 @@ impl World {
     pub(super) fn check_grant(&self, grant: &Grant, client: usize, name: &dyn std::fmt::Display) -> bool {
         // force_unlock breaks exclusion by design (README): a guard whose record it deleted says valid until its
         // next renewal finds out, so S1 and S6 are not checked for it from then on (see `outcomes.rs`).
-        if self.excused(grant.token.as_str()) {
+        if self.excused(grant.token.as_str()) || self.beyond_assumptions(grant) {
             return false;
         }
+        self.check_held(grant, client, name)
+    }
+
+    /// [`World::check_grant`] of a grant that is neither excused nor beyond the assumptions.
+    fn check_held(&self, grant: &Grant, client: usize, name: &dyn std::fmt::Display) -> bool {
         let lease = grant.lease();
         let now = Instant::now();
         let ms = |at: Instant| at.saturating_duration_since(self.start).as_secs_f64() * 1000.0;
-        if self.beyond_assumptions(grant) {
-            return false;
-        }
         if let super::Model::Redlock(_) = self.config.model {
             let (holding, quorum) = self.redlock_holders(grant);
             if holding < quorum {

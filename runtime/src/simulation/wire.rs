@@ -101,18 +101,22 @@ pub(super) const EPOCH_US: i64 = 1_700_000_000_000_000;
 /// A record's token (or `None` for a freed or `min_hold` record: its first half is `=` or `-`) and fencing
 /// token, as the scripts write it: `<token><mark><fence>:<granted>:<holder>`.
 pub(super) fn parse_record(value: &[u8]) -> Option<(Option<String>, u64)> {
+    let (token, fence) = parse_record_borrowed(value)?;
+    // Tokens are ASCII hex: `from_utf8` checks them faster than a lossy conversion would copy them.
+    let token =
+        token.map(|t| std::str::from_utf8(t).map_or_else(|_| String::from_utf8_lossy(t).into_owned(), str::to_owned));
+    Some((token, fence))
+}
+
+/// [`parse_record`], the token borrowed from the record: the oracle reads records after every command.
+fn parse_record_borrowed(value: &[u8]) -> Option<(Option<&[u8]>, u64)> {
     let token = value.get(..crate::token::TOKEN_LEN)?;
     let rest = value.get(crate::token::TOKEN_LEN + 1..)?;
     let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-    // As `str::parse` would (0 when none or too many), without the UTF-8 check: the oracle reads records often.
+    // As `str::parse` would (0 when none or too many), without the UTF-8 check.
     let fence = rest[..digits].iter().try_fold(0u64, |n, d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')));
-    let fence = fence.unwrap_or(0);
     let vacant = token[0] == b'=' || token[0] == b'-';
-    // Tokens are ASCII hex: `from_utf8` checks them faster than a lossy conversion would copy them.
-    let token = (!vacant).then(|| {
-        std::str::from_utf8(token).map_or_else(|_| String::from_utf8_lossy(token).into_owned(), str::to_owned)
-    });
-    Some((token, fence))
+    Some(((!vacant).then_some(token), fence.unwrap_or(0)))
 }
 
 impl World {
@@ -140,13 +144,34 @@ impl World {
         node: usize,
         record: &str,
     ) -> Option<(Option<String>, u64, Instant)> {
-        let n = &nodes[node];
-        let (value, ttl) = n.redis.peek(self.node_now_us(n), record.as_bytes())?;
+        let (value, expires) = self.peek_raw(nodes, node, record, Instant::now())?;
         let (token, fence) = parse_record(value)?;
-        // No expiry cannot happen to a record; take it as far away.
-        let expires =
-            Instant::now() + ttl.map_or(Duration::from_secs(3600), |ms| Duration::from_millis(ms.max(0) as u64));
         Some((token, fence, expires))
+    }
+
+    /// When the record at `record` on `node` expires in simulated time, if it is `token`'s: [`World::peek_node`]
+    /// without a copy of the token, for the oracle's checks of every guard after every command.
+    pub(super) fn held_on_node(
+        &self,
+        nodes: &[Node],
+        node: usize,
+        record: &str,
+        token: &str,
+        now: Instant,
+    ) -> Option<Instant> {
+        let (value, expires) = self.peek_raw(nodes, node, record, now)?;
+        let (held_by, _) = parse_record_borrowed(value)?;
+        (held_by? == token.as_bytes()).then_some(expires)
+    }
+
+    /// The value at `record` on `node` at `now` and when it expires in simulated time.
+    fn peek_raw<'n>(&self, nodes: &'n [Node], node: usize, record: &str, now: Instant) -> Option<(&'n [u8], Instant)> {
+        let n = &nodes[node];
+        let now_us = EPOCH_US + now.saturating_duration_since(self.start).as_micros() as i64 + n.clock_offset_us;
+        let (value, ttl) = n.redis.peek(now_us, record.as_bytes())?;
+        // No expiry cannot happen to a record; take it as far away.
+        let expires = now + ttl.map_or(Duration::from_secs(3600), |ms| Duration::from_millis(ms.max(0) as u64));
+        Some((value, expires))
     }
 
     /// Runs one command on the node `target` names, as a call of `client`'s connection `connection` sent at
@@ -707,7 +732,8 @@ impl Connection {
             let (world, state) = (Arc::clone(world), Arc::clone(&self.state));
             async move { Ok::<Wire, LockError>(world.apply_wire(client, &state, opened, args).await) }
         };
-        tokio::spawn(Arc::clone(world).carry(client, plan, records, op, tx));
+        // Boxed: the call's future is a few KB, which spawning copied three times over.
+        tokio::spawn(Box::pin(Arc::clone(world).carry(client, plan, records, op, tx)));
         let reply = tokio::time::timeout(world.config.response_timeout, rx).await;
         world.wait_unfrozen(client).await;
         match reply {
