@@ -241,7 +241,8 @@ impl SimStore {
             format!("c{client} #{id} → {what} (legs {:?}/{:?}){faults}", plan.request, plan.reply)
         });
         let (tx, rx) = oneshot::channel();
-        tokio::spawn(Arc::clone(world).carry(client, plan, vec![keys.record.clone()], op, tx));
+        // Boxed, as `wire.rs` boxes its calls: spawning copied the few-KB future three times over.
+        tokio::spawn(Box::pin(Arc::clone(world).carry(client, plan, vec![keys.record.clone()], op, tx)));
         let reply = tokio::time::timeout(world.config.response_timeout, rx).await;
         // Nothing reaches a stalled client.
         world.wait_unfrozen(client).await;
