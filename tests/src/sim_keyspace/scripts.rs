@@ -6,7 +6,7 @@ use super::{Check, Generator, Step, HOLDERS, KEYS, RECORDS, TTLS, VALUES};
 const CLIENTS: [&str; 2] = ["00000000000000c1", "00000000000000c2"];
 
 /// The ad-hoc scripts: the conversions both ways, `redis.*`, errors, globals, writes before a failure.
-const SNIPPETS: [&str; 61] = [
+const SNIPPETS: [&str; 67] = [
     "return {1, 2.9, -2.9, 'x', false, true, {ok='fine'}, {err='E bad'}, nil, 4}",
     "return 1e20",
     "return -7.99",
@@ -67,6 +67,13 @@ const SNIPPETS: [&str; 61] = [
     "return {math.huge, -0.5, -math.huge}",
     "return type(getfenv)",
     "return {type(loadstring), type(gcinfo), type(unpack), type(load), type(coroutine.wrap), _VERSION}",
+    // Tables read as arrays: built out of order, with holes, other keys, and the reply fields beside items.
+    "local t = {} t[3] = 'c' t[1] = 'a' t[2] = 'b' t[5] = 'e' return t",
+    "return {[0] = 'zero', [-1] = 'neg', [1.5] = 'half', 'one', foo = 'bar', [2] = 'two'}",
+    "local t = {'a', 'b', 'c'} t[2] = nil return t",
+    "return {1, 2, err = 'E beside items'}",
+    "return {1, ok = 'beside items', map = {k = 1}}",
+    "return setmetatable({}, {__index = function(_, k) if k == 1 or k == 2 then return k * 10 end end})",
     "redis.call('zadd', 'zz', 0.1, 'q', 1e20, 'r', 1/3, 's', -2.5e-7, 't', 1700000000123456, 'u') \
      return {redis.call('zrange', 'zz', 0, -1, 'withscores'), redis.call('zscore', 'zz', 's')}",
 ];

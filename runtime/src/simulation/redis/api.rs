@@ -29,9 +29,8 @@ fn call_in_script(run: &mut Run, args: &[Vec<u8>]) -> Reply {
 }
 
 /// `redis.call` (`raise`) and `redis.pcall`.
-fn redis_call(lua: &Lua, args: MultiValue, raise_errors: bool) -> mlua::Result<Value> {
-    let args: Vec<Value> = args.into_iter().collect();
-    let argv = match convert::command_args(&args) {
+fn redis_call(lua: &Lua, mut args: MultiValue, raise_errors: bool) -> mlua::Result<Value> {
+    let argv = match convert::command_args(args.make_contiguous()) {
         Ok(argv) => argv,
         Err(text) if raise_errors => return raise(text),
         Err(text) => return Ok(Value::Table(convert::error_table(lua, &text, false)?)),

@@ -162,42 +162,82 @@ fn to_reply(value: &Value, resp3: bool, depth: usize) -> Reply {
         Value::Integer(n) => Reply::Int(*n),
         Value::Number(x) => Reply::Int(c_long_long(*x)),
         Value::Table(table) => table_to_reply(table, resp3, depth).unwrap_or_else(|e| {
-            // A metamethod that fails while Redis reads the table: its error, not a crash.
+            // Reading raw cannot run a script's code; what fails here (memory) is an error reply, not a crash.
             Reply::formatted_error(format!("ERR {e}").into_bytes())
         }),
         _ => Reply::Nil,
     }
 }
 
-/// A table's reply: `err`, `ok`, `double`, `big_number`, `verbatim_string`, `map`, `set` (read through
-/// metamethods, as `lua_gettable` reads them, in that order), else an array up to the first nil.
+/// The fields a table's reply is read by, in the order Redis looks for them.
+const REPLY_FIELDS: [&[u8]; 7] = [b"err", b"ok", b"double", b"big_number", b"verbatim_string", b"map", b"set"];
+
+/// A table's reply: `err`, `ok`, `double`, `big_number`, `verbatim_string`, `map`, `set`, else an array up to
+/// the first nil. Redis 7.0 reads them raw (`lua_rawget`: a metatable's `__index` is not asked, which the
+/// differential test shows), so one pass over the table's entries reads it whole: a script's every reply is a
+/// table, and looking up each field and then each index was a twentieth of a Redlock schedule's instructions.
 fn table_to_reply(table: &Table, resp3: bool, depth: usize) -> mlua::Result<Reply> {
+    let (mut items, mut later) = (Vec::new(), Vec::new());
+    for pair in table.pairs::<Value, Value>() {
+        let (key, value) = pair?;
+        let index = match key {
+            Value::String(name) if REPLY_FIELDS.contains(&&name.as_bytes()[..]) => {
+                return fields_to_reply(table, resp3, depth);
+            }
+            Value::Integer(i) => i,
+            Value::Number(x) if x.fract() == 0.0 && x >= 1.0 && x <= i64::MAX as f64 => x as i64,
+            _ => continue,
+        };
+        // Lua walks an array's part in order: most entries land in place.
+        if index == items.len() as i64 + 1 {
+            items.push(to_reply(&value, resp3, depth + 1));
+        } else if index > items.len() as i64 {
+            later.push((index, value));
+        }
+    }
+    // What lay past a hole, or came out of order: the array goes on up to its first missing index.
+    later.sort_by_key(|(index, _)| *index);
+    for (index, value) in later {
+        if index != items.len() as i64 + 1 {
+            break;
+        }
+        items.push(to_reply(&value, resp3, depth + 1));
+    }
+    if items.len() > MAX_ITEMS {
+        return Ok(Reply::error("ERR the script's reply is too long for the simulated server"));
+    }
+    Ok(Reply::Array(items))
+}
+
+/// The reply of a table that has one of [`REPLY_FIELDS`]: the first of them, in their order, whose value has
+/// the type Redis looks for, else the table's array.
+fn fields_to_reply(table: &Table, resp3: bool, depth: usize) -> mlua::Result<Reply> {
     let sanitized = |s: &LuaString| -> Vec<u8> {
         s.as_bytes().iter().map(|&c| if c == b'\r' || c == b'\n' { b' ' } else { c }).collect()
     };
-    if let Value::String(text) = table.get::<Value>("err")? {
+    if let Value::String(text) = table.raw_get::<Value>("err")? {
         return Ok(Reply::Error(sanitized(&text)));
     }
-    if let Value::String(text) = table.get::<Value>("ok")? {
+    if let Value::String(text) = table.raw_get::<Value>("ok")? {
         return Ok(Reply::Status(sanitized(&text)));
     }
-    match table.get::<Value>("double")? {
+    match table.raw_get::<Value>("double")? {
         Value::Number(x) => return Ok(Reply::Double(x)),
         Value::Integer(n) => return Ok(Reply::Double(n as f64)),
         _ => {}
     }
-    if let Value::String(digits) = table.get::<Value>("big_number")? {
+    if let Value::String(digits) = table.raw_get::<Value>("big_number")? {
         return Ok(Reply::BigNumber(sanitized(&digits)));
     }
-    if let Value::Table(verbatim) = table.get::<Value>("verbatim_string")? {
+    if let Value::Table(verbatim) = table.raw_get::<Value>("verbatim_string")? {
         if let (Value::String(format), Value::String(text)) =
-            (verbatim.get::<Value>("format")?, verbatim.get::<Value>("string")?)
+            (verbatim.raw_get::<Value>("format")?, verbatim.raw_get::<Value>("string")?)
         {
             let format = format.as_bytes().iter().copied().chain(std::iter::repeat(b' ')).take(3).collect();
             return Ok(Reply::Verbatim(format, text.as_bytes().to_vec()));
         }
     }
-    if let Value::Table(map) = table.get::<Value>("map")? {
+    if let Value::Table(map) = table.raw_get::<Value>("map")? {
         let mut pairs = Vec::new();
         for pair in map.pairs::<Value, Value>() {
             let (k, v) = pair?;
@@ -205,7 +245,7 @@ fn table_to_reply(table: &Table, resp3: bool, depth: usize) -> mlua::Result<Repl
         }
         return Ok(Reply::Map(pairs));
     }
-    if let Value::Table(set) = table.get::<Value>("set")? {
+    if let Value::Table(set) = table.raw_get::<Value>("set")? {
         let mut items = Vec::new();
         for pair in set.pairs::<Value, Value>() {
             items.push(to_reply(&pair?.0, resp3, depth + 1));
@@ -213,14 +253,10 @@ fn table_to_reply(table: &Table, resp3: bool, depth: usize) -> mlua::Result<Repl
         return Ok(Reply::Set(items));
     }
     let mut items = Vec::new();
-    for i in 1.. {
-        // A table whose __index answers every index would make Redis build a reply until memory runs out.
-        if i > MAX_ITEMS {
-            return Ok(Reply::error("ERR the script's reply is too long for the simulated server"));
-        }
-        match table.get::<Value>(i)? {
+    loop {
+        match table.raw_get::<Value>(items.len() + 1)? {
             Value::Nil => break,
-            item => items.push(to_reply(&item, resp3, depth + 1)),
+            value => items.push(to_reply(&value, resp3, depth + 1)),
         }
     }
     Ok(Reply::Array(items))
