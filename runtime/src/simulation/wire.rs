@@ -134,7 +134,12 @@ impl World {
 
     /// A node's wall clock now, in µs since the Unix epoch.
     pub(super) fn node_now_us(&self, node: &Node) -> i64 {
-        EPOCH_US + self.start.elapsed().as_micros() as i64 + node.clock_offset_us
+        self.node_us_at(node, Instant::now())
+    }
+
+    /// A node's wall clock at `now`, in µs since the Unix epoch.
+    fn node_us_at(&self, node: &Node, now: Instant) -> i64 {
+        EPOCH_US + now.saturating_duration_since(self.start).as_micros() as i64 + node.clock_offset_us
     }
 
     /// The record at `record` on `node`: its token, fencing token and when it expires in simulated time.
@@ -167,8 +172,7 @@ impl World {
     /// The value at `record` on `node` at `now` and when it expires in simulated time.
     fn peek_raw<'n>(&self, nodes: &'n [Node], node: usize, record: &str, now: Instant) -> Option<(&'n [u8], Instant)> {
         let n = &nodes[node];
-        let now_us = EPOCH_US + now.saturating_duration_since(self.start).as_micros() as i64 + n.clock_offset_us;
-        let (value, ttl) = n.redis.peek(now_us, record.as_bytes())?;
+        let (value, ttl) = n.redis.peek(self.node_us_at(n, now), record.as_bytes())?;
         // No expiry cannot happen to a record; take it as far away.
         let expires = now + ttl.map_or(Duration::from_secs(3600), |ms| Duration::from_millis(ms.max(0) as u64));
         Some((value, expires))

@@ -177,12 +177,13 @@ const REPLY_FIELDS: [&[u8]; 7] = [b"err", b"ok", b"double", b"big_number", b"ver
 /// differential test shows), so one pass over the table's entries reads it whole: a script's every reply is a
 /// table, and looking up each field and then each index was a twentieth of a Redlock schedule's instructions.
 fn table_to_reply(table: &Table, resp3: bool, depth: usize) -> mlua::Result<Reply> {
-    let (mut items, mut later) = (Vec::new(), Vec::new());
+    let (mut items, mut later, mut has_field) = (Vec::new(), Vec::new(), false);
     for pair in table.pairs::<Value, Value>() {
         let (key, value) = pair?;
         let index = match key {
-            Value::String(name) if REPLY_FIELDS.contains(&&name.as_bytes()[..]) => {
-                return fields_to_reply(table, resp3, depth);
+            Value::String(name) => {
+                has_field |= REPLY_FIELDS.contains(&&name.as_bytes()[..]);
+                continue;
             }
             Value::Integer(i) => i,
             Value::Number(x) if x.fract() == 0.0 && x >= 1.0 && x <= i64::MAX as f64 => x as i64,
@@ -203,38 +204,43 @@ fn table_to_reply(table: &Table, resp3: bool, depth: usize) -> mlua::Result<Repl
         }
         items.push(to_reply(&value, resp3, depth + 1));
     }
+    if has_field {
+        if let Some(reply) = fields_to_reply(table, resp3, depth)? {
+            return Ok(reply);
+        }
+    }
     if items.len() > MAX_ITEMS {
         return Ok(Reply::error("ERR the script's reply is too long for the simulated server"));
     }
     Ok(Reply::Array(items))
 }
 
-/// The reply of a table that has one of [`REPLY_FIELDS`]: the first of them, in their order, whose value has
-/// the type Redis looks for, else the table's array.
-fn fields_to_reply(table: &Table, resp3: bool, depth: usize) -> mlua::Result<Reply> {
+/// The reply a table's [`REPLY_FIELDS`] make: the first of them, in their order, whose value has the type
+/// Redis looks for; `None` when none has (the table is then read as an array).
+fn fields_to_reply(table: &Table, resp3: bool, depth: usize) -> mlua::Result<Option<Reply>> {
     let sanitized = |s: &LuaString| -> Vec<u8> {
         s.as_bytes().iter().map(|&c| if c == b'\r' || c == b'\n' { b' ' } else { c }).collect()
     };
     if let Value::String(text) = table.raw_get::<Value>("err")? {
-        return Ok(Reply::Error(sanitized(&text)));
+        return Ok(Some(Reply::Error(sanitized(&text))));
     }
     if let Value::String(text) = table.raw_get::<Value>("ok")? {
-        return Ok(Reply::Status(sanitized(&text)));
+        return Ok(Some(Reply::Status(sanitized(&text))));
     }
     match table.raw_get::<Value>("double")? {
-        Value::Number(x) => return Ok(Reply::Double(x)),
-        Value::Integer(n) => return Ok(Reply::Double(n as f64)),
+        Value::Number(x) => return Ok(Some(Reply::Double(x))),
+        Value::Integer(n) => return Ok(Some(Reply::Double(n as f64))),
         _ => {}
     }
     if let Value::String(digits) = table.raw_get::<Value>("big_number")? {
-        return Ok(Reply::BigNumber(sanitized(&digits)));
+        return Ok(Some(Reply::BigNumber(sanitized(&digits))));
     }
     if let Value::Table(verbatim) = table.raw_get::<Value>("verbatim_string")? {
         if let (Value::String(format), Value::String(text)) =
             (verbatim.raw_get::<Value>("format")?, verbatim.raw_get::<Value>("string")?)
         {
             let format = format.as_bytes().iter().copied().chain(std::iter::repeat(b' ')).take(3).collect();
-            return Ok(Reply::Verbatim(format, text.as_bytes().to_vec()));
+            return Ok(Some(Reply::Verbatim(format, text.as_bytes().to_vec())));
         }
     }
     if let Value::Table(map) = table.raw_get::<Value>("map")? {
@@ -243,21 +249,14 @@ fn fields_to_reply(table: &Table, resp3: bool, depth: usize) -> mlua::Result<Rep
             let (k, v) = pair?;
             pairs.push((to_reply(&k, resp3, depth + 1), to_reply(&v, resp3, depth + 1)));
         }
-        return Ok(Reply::Map(pairs));
+        return Ok(Some(Reply::Map(pairs)));
     }
     if let Value::Table(set) = table.raw_get::<Value>("set")? {
         let mut items = Vec::new();
         for pair in set.pairs::<Value, Value>() {
             items.push(to_reply(&pair?.0, resp3, depth + 1));
         }
-        return Ok(Reply::Set(items));
+        return Ok(Some(Reply::Set(items)));
     }
-    let mut items = Vec::new();
-    loop {
-        match table.raw_get::<Value>(items.len() + 1)? {
-            Value::Nil => break,
-            value => items.push(to_reply(&value, resp3, depth + 1)),
-        }
-    }
-    Ok(Reply::Array(items))
+    Ok(None)
 }
