@@ -120,7 +120,7 @@ async fn a_lock_is_held_on_every_server_excludes_others_and_is_released_everywhe
 
 /// `force_unlock` deletes the record on every server and says whether there was one: true for a held lock, whose
 /// guard then reads gone, and false for a free one (the mutation report's `force_unlock` → `Ok(true)` and
-/// `Ok(false)`, and its quorum rule).
+/// `Ok(false)`, and its decided rule).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn force_unlock_deletes_everywhere_and_says_whether_a_lock_was_held() {
     let fixture = Fixture::redlock().await;
@@ -132,6 +132,26 @@ async fn force_unlock_deletes_everywhere_and_says_whether_a_lock_was_held() {
     assert_eq!(guard.remaining_ttl().await.expect("remaining_ttl"), None, "the guard still reads its lease");
     assert!(!operator.force_unlock("job").await.expect("force_unlock"), "a free lock force-unlocked read as held");
     assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Expired);
+}
+
+/// `force_unlock` needs a quorum of answers, and no more: with one of three servers hung it still unlocks (two
+/// answered), with two hung it fails rather than say anything (the mutation report's quorum check `<` → `==`,
+/// which refused the first and answered the second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_unlock_needs_a_quorum_of_answers_and_no_more() {
+    let _serial = distlock_tests::serial().await;
+    let fixture = Fixture::redlock().await;
+    let (guard, _record) = held_on_every_server(&fixture, "job").await;
+    let operator = client_with_response_timeout(&fixture, secs(1)).await;
+    let servers: Vec<&RedisServer> = fixture.redlock_servers().collect();
+    let hung = servers[2].freeze();
+    let unlocked = within(secs(10), "force_unlock with one server hung", operator.force_unlock("job")).await;
+    assert!(unlocked.expect("force_unlock with two of three servers answering"), "a held lock read as free");
+    hung.resume();
+    let _hung = [servers[0].freeze(), servers[1].freeze()];
+    let outcome = within(secs(10), "force_unlock with two servers hung", operator.force_unlock("job")).await;
+    assert!(outcome.is_err(), "a force_unlock that two of three servers did not answer said {outcome:?}");
+    drop(guard);
 }
 
 /// The maximum of per-server counters is not monotonic, so Redlock claims no fencing token: the fallible
