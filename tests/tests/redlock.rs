@@ -154,6 +154,34 @@ async fn force_unlock_needs_a_quorum_of_answers_and_no_more() {
     drop(guard);
 }
 
+/// A listing reads every server in turn, not only the first: a lock whose record the first server lost is still
+/// listed (once per server that has it), and values another program wrote where records would be are left out
+/// and counted on every server (the mutation report's `scan` `==` → `!=`, which ended the listing after the
+/// first server, and `+=` → `*=`, which counted nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_reads_every_server_and_counts_what_it_skips() {
+    let fixture = Fixture::redlock().await;
+    let (guard, record) = held_on_every_server(&fixture, "job").await;
+    let foreign = fixture.client().record_key("foreign");
+    for (i, mut conn) in fixture.redlock_connections().into_iter().enumerate() {
+        if i == 0 {
+            let deleted: i64 = conn.del(&record).await.expect("DEL");
+            assert_eq!(deleted, 1, "setup: the first server without the record");
+        } else {
+            let () = conn.set(&foreign, "another program's value").await.expect("SET");
+        }
+    }
+    let mut listing = fixture.client().list_locks("*");
+    let mut names = Vec::new();
+    while let Some(page) = within(secs(10), "a page of the listing", listing.next_page()).await.expect("next_page") {
+        names.extend(page);
+    }
+    // Two, or three if a renewal took the lock again on the first server meanwhile.
+    assert!(names.len() >= 2 && names.iter().all(|n| n == "job"), "listed: {names:?}");
+    assert_eq!(listing.skipped(), 2, "one value not ours on each of two servers");
+    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+}
+
 /// The maximum of per-server counters is not monotonic, so Redlock claims no fencing token: the fallible
 /// accessor says so, the infallible one gives the documented 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
