@@ -377,6 +377,7 @@ impl Store for SimStore {
     ) -> Result<ReleaseOutcome, LockError> {
         let (m, k, t, world) = (self.memory(), keys.clone(), token.clone(), Arc::clone(&self.world));
         let what = format!("release {} by {token}", keys.name);
+        self.world.release_sent(token.as_str());
         // This layer never sends a command again: a lost reply is an error to the engine.
         self.call(what, keys, async move {
             world.applying_release(&k.record, t.as_str(), false, (false, false), 0);

@@ -531,7 +531,6 @@ enum Report {
 /// The reports of a call of one of the production scripts that will run (an EVALSHA the server does not know
 /// runs nothing).
 fn reported_to_oracle(redis: &SimRedis, args: &[Vec<u8>]) -> Vec<Report> {
-    let text = |i: usize| args.get(i).map(|a| String::from_utf8_lossy(a).into_owned()).unwrap_or_default();
     let Some(name) = args.first() else { return Vec::new() };
     let by_sha = name.eq_ignore_ascii_case(b"EVALSHA");
     if !(by_sha || name.eq_ignore_ascii_case(b"EVAL")) || args.len() < 3 {
@@ -540,6 +539,15 @@ fn reported_to_oracle(redis: &SimRedis, args: &[Vec<u8>]) -> Vec<Report> {
     if by_sha && !redis.knows_script(&args[1]) {
         return Vec::new();
     }
+    reports_of(args)
+}
+
+/// The reports of a call of one of the production scripts, by its name and arguments (whether it runs or not).
+fn reports_of(args: &[Vec<u8>]) -> Vec<Report> {
+    if args.len() < 3 {
+        return Vec::new();
+    }
+    let text = |i: usize| args.get(i).map(|a| String::from_utf8_lossy(a).into_owned()).unwrap_or_default();
     let Some(script) = crate::backend::script_name(&args[1]) else { return Vec::new() };
     let keys: usize = text(2).parse().unwrap_or(0);
     let (key, arg) = (|i: usize| text(2 + i), |i: usize| text(2 + keys + i));
@@ -700,6 +708,13 @@ impl Connection {
     async fn call(&self, args: Vec<Vec<u8>>) -> RedisResult<Value> {
         let (world, client) = (&self.world, self.client);
         self.note_tokens(&args);
+        if args.first().is_some_and(|a| a.eq_ignore_ascii_case(b"EVALSHA") || a.eq_ignore_ascii_case(b"EVAL")) {
+            for report in reports_of(&args) {
+                if let Report::Release { token, .. } = report {
+                    world.release_sent(&token);
+                }
+            }
+        }
         // A Redlock group's servers answer on connections of their own: a hung one holds up no other's calls.
         let lane = match self.state.target {
             Target::Node(node) => node,
