@@ -223,6 +223,25 @@ fn replicas_seed_2515_a_wait_on_a_new_connection_does_not_count_the_write() {
     assert_clean_classic(Model::RedisReplicas, 2515);
 }
 
+/// The same bug on seeds that still reach it: seed 2515's schedule no longer does (with the link's epoch made
+/// to stand still it passes). With it standing still, these two whole-API seeds give guards valid past the
+/// store's expiry (found by a search over 150,000 redis+replicas schedules, eighteenth session).
+#[test]
+fn replicas_seeds_70738_127071_a_wait_on_a_new_connection_does_not_count_the_write() {
+    for seed in [70738, 127071] {
+        assert_clean(Model::RedisReplicas, seed);
+    }
+}
+
+/// Regression of the oracle (redis+replicas seed 90623, eighteenth session): a guard that the store had said
+/// lost (a `force_unlock` deleted its record) released as `Expired`, sending nothing, as documented; a failover
+/// had meanwhile promoted a replica that missed the delete, and the oracle, seeing the old record back, called
+/// the outcome false. A failover since the grant now excuses a record put back.
+#[test]
+fn replicas_seed_90623_an_expired_release_after_a_failover_put_the_record_back() {
+    assert_clean(Model::RedisReplicas, 90623);
+}
+
 /// Regression of the oracle, found by a run of 60,000 schedules (redis+replicas seed 28278, eighteenth session):
 /// a dropped guard's background release timed out on a paused server, and the record stayed until its lease
 /// ran out, as documented; a second later the client shut down, with no fault during the shutdown, and the

@@ -105,6 +105,8 @@ pub(super) struct Truth {
     shutting_down: BTreeMap<usize, Instant>,
     /// Per token: when its client last sent a release of it (applied or not).
     release_sent: BTreeMap<String, Instant>,
+    /// When a replica was promoted (it may lack the old primary's last writes).
+    failovers: Vec<Instant>,
 }
 
 /// A guard's grants as its release began: see [`Sim::releasing`].
@@ -121,6 +123,11 @@ impl World {
     /// expires with its lease, as the README says of a release that fails).
     pub(super) fn release_sent(&self, token: &str) {
         self.state().truth.release_sent.insert(token.to_owned(), Instant::now());
+    }
+
+    /// A replica replaces the primary now.
+    pub(super) fn failing_over(&self) {
+        self.state().truth.failovers.push(Instant::now());
     }
 
     /// What `token` finds in `record` now.
@@ -250,10 +257,14 @@ impl World {
                 let found: Vec<Applied> = within.copied().collect();
                 !resent_after_ours(&found) && found.iter().any(|a| a.found == Found::Nobody)
             }
-            // Nothing sent (the store said the grant was gone): it must be.
+            // Nothing sent (the store said the grant was gone): it must be, unless a failover since the grant
+            // promoted a replica that had missed what removed it (redis+replicas seed 90623: a force_unlock's
+            // delete, not yet replicated, and the old record back on the new primary).
             ReleaseOutcome::Expired => {
+                let since = state.truth.attempted.get(&(token.to_owned(), 0)).map_or(from, |&(at, _)| at).min(from);
+                let rolled_back = state.truth.failovers.iter().any(|&at| at >= since);
                 drop(state);
-                self.found(record, token) != Found::Ours
+                rolled_back || self.found(record, token) != Found::Ours
             }
         }
     }

@@ -476,6 +476,7 @@ impl World {
         }
         drop(nodes);
         self.trace(|| format!("FAILOVER: server {new} replaces primary {old}"));
+        self.failing_over();
         // Calls under way fail: renewals may be lost while the new primary still holds their grants.
         self.disturb(
             None,
