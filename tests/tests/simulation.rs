@@ -252,6 +252,19 @@ fn replicas_seed_28278_a_release_lost_before_a_shutdown_is_not_the_shutdown_s() 
     assert_clean(Model::RedisReplicas, 28278);
 }
 
+/// Regression of the oracle (redis+replicas seeds 130661 and 68622, eighteenth session, found beyond the 10,000
+/// schedules `.ci/run` runs): an extend to a shorter ttl lowers its guard's deadline to that lease's, with that
+/// lease's smaller drift allowance, and a failover to a replica 10.1 ms ahead then passed that allowance. The
+/// oracle inferred the lease from the deadline and the first lease's send, found a longer lease with a larger
+/// allowance that the step stayed within, and called the early expiry a violation. It now also takes the
+/// shortest ttl sent for the token since then.
+#[test]
+fn replicas_seeds_68622_130661_a_lowered_deadline_has_its_own_lease_s_allowance() {
+    for seed in [68622, 130661] {
+        assert_clean(Model::RedisReplicas, seed);
+    }
+}
+
 /// Regression, found by this simulation once a stall stops a client's own tasks (memory seed 10, issue 32): a
 /// lock body resumed after its client was stopped past the deadline ran a step before the loss watcher, beside
 /// it in the same task, dropped it. The loss is now looked at first.

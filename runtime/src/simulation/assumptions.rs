@@ -48,6 +48,16 @@ impl World {
         }
         let valid = lease.valid_until.saturating_duration_since(lease.since);
         let reported = (valid + Duration::from_millis(2)).mul_f64(1.0 / 0.99);
+        // A renewal or extend sent since the lease's request may have lowered its deadline to its own lease's
+        // (an extend to a shorter ttl), whose allowance is smaller; the lease keeps its `since` (redis+replicas
+        // seed 130661: an extend to 522 ms after a lease of 2,051 ms, then a failover 10.1 ms ahead, within
+        // the longer lease's allowance and past the shorter one's).
+        let shortest_sent = self
+            .state()
+            .ttl_sent
+            .get(grant.token.as_str())
+            .and_then(|sent| sent.iter().filter(|(at, _)| *at >= lease.since).map(|&(_, ttl)| ttl).min());
+        let reported = shortest_sent.map_or(reported, |ttl| reported.min(ttl));
         let allowance = (reported / 100 + Duration::from_millis(2)).as_micros() as i64;
         // Redis keeps an expiry in whole ms (the server's clock truncated, plus the ttl): a record may end up to
         // 1 ms before its µs-exact time, which the allowance's 2 ms must also cover (README, S1; redis+replicas
@@ -158,6 +168,15 @@ impl World {
     pub(super) fn redlock_count(&self, record: &str, token: &str) -> usize {
         let (nodes, now) = (self.nodes(), Instant::now());
         (0..nodes.len()).filter(|&node| self.held_on_node(&nodes, node, record, token, now).is_some()).count()
+    }
+
+    /// A client sends a renewal or extend of `token`'s grant for `ttl` (ms): from now on its guard's deadline
+    /// may be lowered to where that lease would end (grant.rs, `lower_for`).
+    pub(super) fn sent_ttl(&self, token: &str, ttl: &str) {
+        if let Ok(ms) = ttl.parse::<u64>() {
+            let sent = (Instant::now(), Duration::from_millis(ms));
+            self.state().ttl_sent.entry(token.to_owned()).or_default().push(sent);
+        }
     }
 
     /// A script call about to run asks for `ttl` (ms, as sent) for `token`'s grant or renewal: the shortest

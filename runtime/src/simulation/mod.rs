@@ -188,6 +188,9 @@ struct State {
     fence_seen: std::collections::BTreeMap<String, Instant>,
     /// Per token: the shortest ttl its acquires and renewals asked for (the models with simulated servers).
     ttl_asked: std::collections::BTreeMap<String, Duration>,
+    /// Per token: each ttl its client sent a renewal or extend of it with, and when (the simulated servers'
+    /// models).
+    ttl_sent: std::collections::BTreeMap<String, Vec<(Instant, Duration)>>,
     /// Redlock: tokens whose lease met another guard's grant shorter than it on a server that had lost it in
     /// a restart: past the README's assumption from then on, whatever either lease does later.
     beyond_restart: std::collections::BTreeSet<String>,
@@ -325,6 +328,7 @@ impl World {
             last_fence: Default::default(),
             fence_seen: Default::default(),
             ttl_asked: Default::default(),
+            ttl_sent: Default::default(),
             beyond_restart: Default::default(),
             seen_lost: Default::default(),
             finished: Default::default(),

@@ -711,8 +711,10 @@ impl Connection {
         self.note_tokens(&args);
         if args.first().is_some_and(|a| a.eq_ignore_ascii_case(b"EVALSHA") || a.eq_ignore_ascii_case(b"EVAL")) {
             for report in reports_of(&args) {
-                if let Report::Release { token, .. } = report {
-                    world.release_sent(&token);
+                match report {
+                    Report::Release { token, .. } => world.release_sent(&token),
+                    Report::Renew { token, ttl, .. } => world.sent_ttl(&token, &ttl),
+                    _ => {}
                 }
             }
         }
