@@ -14,27 +14,23 @@ distlock_tests::all_backends_and_redlock!(
     a_lock_named_like_the_startup_check_is_listed,
 );
 
-/// Every name the listing gives, sorted, each once.
-async fn listed(client: &Client, pattern: &str) -> Vec<String> {
+/// Every name the listing gives, in its order: on Redlock, once per server holding the lock.
+async fn every_listed(client: &Client, pattern: &str) -> Vec<String> {
     let mut listing = client.list_locks(pattern);
     let mut names = Vec::new();
     while let Some(page) = listing.next_page().await.expect("list_locks") {
         assert!(!page.is_empty(), "an empty page");
         names.extend(page);
     }
-    names.sort();
-    names.dedup();
     names
 }
 
-/// How many times the listing names a lock matching `pattern`: on Redlock, once per server holding it.
-async fn times_listed(client: &Client, pattern: &str) -> usize {
-    let mut listing = client.list_locks(pattern);
-    let mut n = 0;
-    while let Some(page) = listing.next_page().await.expect("list_locks") {
-        n += page.len();
-    }
-    n
+/// Every name the listing gives, sorted, each once.
+async fn listed(client: &Client, pattern: &str) -> Vec<String> {
+    let mut names = every_listed(client, pattern).await;
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// Held locks are listed by name (braces and `%` as the program wrote them), a released one is not, nor the
@@ -52,7 +48,7 @@ async fn lists_the_held_locks_matching_a_pattern(fx: Fixture) {
         // to be gone has ended (seen once under load). So the grant is on every server first.
         let servers = fx.redlock_servers().count();
         eventually(secs(5), "the grant on every server", || async {
-            times_listed(client, "list:gone").await == servers
+            every_listed(client, "list:gone").await.len() == servers
         })
         .await;
     }

@@ -109,6 +109,14 @@ pub(super) struct Truth {
     failovers: Vec<Instant>,
 }
 
+impl Truth {
+    /// When the last acquire attempt of `token` was applied, on any server.
+    fn last_attempt(&self, token: &str) -> Option<Instant> {
+        let (first, last) = ((token.to_owned(), 0), (token.to_owned(), usize::MAX));
+        self.attempted.range(first..=last).map(|(_, &(at, _))| at).max()
+    }
+}
+
 /// A guard's grants as its release began: see [`Sim::releasing`].
 #[derive(Debug)]
 pub struct Releasing {
@@ -235,13 +243,14 @@ impl World {
         let state = self.state();
         let all = state.truth.releases.get(token).map_or(&[][..], Vec::as_slice);
         let mut within = all.iter().filter(|a| a.at >= from && a.at <= to).peekable();
+        // The token's last acquire attempt, or the release's start if that is earlier.
+        let since = state.truth.last_attempt(token).map_or(from, |at| at.min(from));
         match outcome {
             // The release that freed the grant may be an earlier send of this one (its reply lost): also in it.
             // Or the engine's own give-back of the same grant, sent when it found the grant lost, just before
             // the guard's release began (found in simulation, redis seed 388 of the whole workload): any
             // release by this token since its last acquire attempt that found its grant.
             ReleaseOutcome::Released => {
-                let since = state.truth.attempted.get(&(token.to_owned(), 0)).map_or(from, |&(at, _)| at).min(from);
                 all.iter().filter(|a| a.at >= since && a.at <= to).any(|a| a.found == Found::Ours)
             }
             // A resend of a release (its first send's reply lost) after a send that found the grant: that send
@@ -261,7 +270,6 @@ impl World {
             // promoted a replica that had missed what removed it (redis+replicas seed 90623: a force_unlock's
             // delete, not yet replicated, and the old record back on the new primary).
             ReleaseOutcome::Expired => {
-                let since = state.truth.attempted.get(&(token.to_owned(), 0)).map_or(from, |&(at, _)| at).min(from);
                 let rolled_back = state.truth.failovers.iter().any(|&at| at >= since);
                 drop(state);
                 rolled_back || self.found(record, token) != Found::Ours
@@ -646,15 +654,9 @@ impl World {
             let Some((Some(holder), ..)) = self.peek(&record) else { continue };
             let state = self.state();
             // ... and no attempt of the token applied since (an attempt retried with the same token).
-            let excused = released_before.is_some_and(|before| {
-                state.truth.release_sent.get(&holder).is_some_and(|&sent| {
-                    let retried = state
-                        .truth
-                        .attempted
-                        .range((holder.clone(), 0)..=(holder.clone(), usize::MAX))
-                        .any(|(_, &(at, _))| at > sent);
-                    sent < before && !retried
-                })
+            let sent = state.truth.release_sent.get(&holder).copied();
+            let excused = released_before.zip(sent).is_some_and(|(before, sent)| {
+                sent < before && state.truth.last_attempt(&holder).is_none_or(|at| at <= sent)
             });
             let ours = state.owners.get(&holder) == Some(&client);
             drop(state);

@@ -188,6 +188,7 @@ impl World {
         connection: &ConnectionState,
         opened: Instant,
         args: Vec<Vec<u8>>,
+        reports: Vec<Report>,
     ) -> Wire {
         loop {
             let until = {
@@ -243,7 +244,7 @@ impl World {
         if nodes[node].follows.is_some() && writes(&name) {
             return Wire::Reply(error("READONLY You can't write against a read only replica."));
         }
-        let mut reported = reported_to_oracle(&nodes[node].redis, &args);
+        let mut reported = if runs_on(&nodes[node].redis, &args) { reports } else { Vec::new() };
         let redlock = matches!(self.config.model, super::Model::Redlock(_));
         if redlock {
             // Redlock's renewals are rounds over servers: S8 is checked on the single-primary models only.
@@ -529,21 +530,14 @@ enum Report {
     },
 }
 
-/// The reports of a call of one of the production scripts that will run (an EVALSHA the server does not know
-/// runs nothing).
-fn reported_to_oracle(redis: &SimRedis, args: &[Vec<u8>]) -> Vec<Report> {
-    let Some(name) = args.first() else { return Vec::new() };
-    let by_sha = name.eq_ignore_ascii_case(b"EVALSHA");
-    if !(by_sha || name.eq_ignore_ascii_case(b"EVAL")) || args.len() < 3 {
-        return Vec::new();
-    }
-    if by_sha && !redis.knows_script(&args[1]) {
-        return Vec::new();
-    }
-    reports_of(args)
+/// Whether a command runs on `redis` as sent: an EVALSHA the server does not know runs nothing.
+fn runs_on(redis: &SimRedis, args: &[Vec<u8>]) -> bool {
+    let by_sha = args.first().is_some_and(|name| name.eq_ignore_ascii_case(b"EVALSHA"));
+    !by_sha || args.get(1).is_some_and(|sha| redis.knows_script(sha))
 }
 
-/// The reports of a call of one of the production scripts, by its name and arguments (whether it runs or not).
+/// The reports of a call of one of the production scripts, read from its arguments when it is sent (whether
+/// it runs or not: [`runs_on`] tells where it is applied).
 fn reports_of(args: &[Vec<u8>]) -> Vec<Report> {
     if args.len() < 3 {
         return Vec::new();
@@ -709,13 +703,15 @@ impl Connection {
     async fn call(&self, args: Vec<Vec<u8>>) -> RedisResult<Value> {
         let (world, client) = (&self.world, self.client);
         self.note_tokens(&args);
-        if args.first().is_some_and(|a| a.eq_ignore_ascii_case(b"EVALSHA") || a.eq_ignore_ascii_case(b"EVAL")) {
-            for report in reports_of(&args) {
-                match report {
-                    Report::Release { token, .. } => world.release_sent(&token),
-                    Report::Renew { token, ttl, .. } => world.sent_ttl(&token, &ttl),
-                    _ => {}
-                }
+        let script =
+            args.first().is_some_and(|a| a.eq_ignore_ascii_case(b"EVAL") || a.eq_ignore_ascii_case(b"EVALSHA"));
+        // Read once, here: what the oracle learns at the send, and what the server reports if the call runs.
+        let reports = if script { reports_of(&args) } else { Vec::new() };
+        for report in &reports {
+            match report {
+                Report::Release { token, .. } => world.release_sent(token),
+                Report::Renew { token, ttl, .. } => world.sent_ttl(token, ttl),
+                _ => {}
             }
         }
         // A Redlock group's servers answer on connections of their own: a hung one holds up no other's calls.
@@ -735,8 +731,6 @@ impl Connection {
         // The records a script call is about (every key: ACQUIRE_ALL and BATCH take several), for the oracle's
         // fencing check (found by the simulation's whole workload, redis seed 795: a lock_all grant of three
         // keys went unseen on the second and third, and a token after a clock step back was not excused).
-        let script =
-            args.first().is_some_and(|a| a.eq_ignore_ascii_case(b"EVAL") || a.eq_ignore_ascii_case(b"EVALSHA"));
         let records: Vec<String> = match script {
             true => {
                 let keys = args.get(2).and_then(|k| std::str::from_utf8(k).ok()?.parse::<usize>().ok()).unwrap_or(0);
@@ -752,7 +746,7 @@ impl Connection {
         };
         let op = {
             let (world, state) = (Arc::clone(world), Arc::clone(&self.state));
-            async move { Ok::<Wire, LockError>(world.apply_wire(client, &state, opened, args).await) }
+            async move { Ok::<Wire, LockError>(world.apply_wire(client, &state, opened, args, reports).await) }
         };
         // Boxed: the call's future is a few KB, which spawning copied three times over.
         tokio::spawn(Box::pin(Arc::clone(world).carry(client, plan, records, op, tx)));
