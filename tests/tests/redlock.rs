@@ -28,9 +28,14 @@ async fn servers_with(fixture: &Fixture, key: &str) -> usize {
 async fn held_on_every_server(fixture: &Fixture, key: &str) -> (distlock::LockGuard, String) {
     let record = fixture.client().record_key(key);
     let guard = fixture.client().lock(key).ttl(secs(5)).acquire().await.expect("acquire");
-    eventually(secs(5), "the record on all three servers", || async { servers_with(fixture, &record).await == 3 })
-        .await;
+    on_every_server(fixture, &record).await;
     (guard, record)
+}
+
+/// Waits until `record` is on all three servers: an acquire returns at a quorum, so the last server's grant
+/// may still be on its way.
+async fn on_every_server(fixture: &Fixture, record: &str) {
+    eventually(secs(5), "the record on all three servers", || async { servers_with(fixture, record).await == 3 }).await;
 }
 
 /// `key` held on `server` alone by a client of its own (the guard keeps it): there, that server answers busy.
@@ -57,9 +62,10 @@ async fn given_back(conn: &redis::aio::MultiplexedConnection, monitor: &Monitor,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_server_keeps_only_the_record() {
     let fixture = Fixture::redlock().await;
-    let record = fixture.client().record_key("plain");
     let waiter = fixture.client().clone();
-    let guard = fixture.client().lock("plain").acquire().await.expect("acquire");
+    // Acquire and release each return at a quorum, so the last server's grant or delete may still be on its
+    // way: the checks wait for it rather than read the servers at once.
+    let (guard, record) = held_on_every_server(&fixture, "plain").await;
     // A waiter that polls while it is held: it leaves nothing behind either.
     let busy = waiter.lock("plain").wait(ms(300)).acquire().await.expect_err("held");
     assert!(busy.is_busy(), "{busy:?}");
@@ -68,10 +74,14 @@ async fn each_server_keeps_only_the_record() {
         assert_eq!(keys, vec![record.clone()], "keys for one held lock");
     }
     assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
-    for mut conn in fixture.redlock_connections() {
-        let keys: Vec<String> = conn.keys(format!("{record}*")).await.expect("KEYS");
-        assert!(keys.is_empty(), "left after release: {keys:?}");
-    }
+    eventually(secs(5), "no key of the lock left on any server after the release", || async {
+        let mut left = Vec::new();
+        for mut conn in fixture.redlock_connections() {
+            left.extend(conn.keys::<_, Vec<String>>(format!("{record}*")).await.expect("KEYS"));
+        }
+        left.is_empty()
+    })
+    .await;
 }
 
 /// A Redlock client on `fixture`'s servers with the given response timeout.
@@ -442,6 +452,7 @@ async fn a_release_says_expired_only_when_the_servers_say_so() {
     let client = client_with_response_timeout(&fixture, secs(1)).await;
     let record = client.record_key("gone");
     let guard = client.lock("gone").ttl(secs(30)).acquire().await.expect("acquire");
+    on_every_server(&fixture, &record).await;
     for mut conn in fixture.redlock_connections() {
         let deleted: i64 = conn.del(&record).await.expect("DEL");
         assert_eq!(deleted, 1, "setup: a server without the record");
