@@ -424,10 +424,6 @@ impl Link {
 /// to the call after its own — a waiter received another's grant, and two tasks held one lock.
 static CALLS: AtomicU64 = AtomicU64::new(1);
 
-fn is_script_call(cmd: &Cmd) -> bool {
-    matches!(cmd.args_iter().next(), Some(Arg::Simple(name)) if name.eq_ignore_ascii_case(b"EVALSHA") || name.eq_ignore_ascii_case(b"EVAL"))
-}
-
 /// `cmd` as a numbered call of the same script (its variant in the call-number frame; on a `cluster`, the one
 /// that announces with SPUBLISH), if it is a call of one of our scripts, and its number.
 fn numbered(cmd: &Cmd, cluster: bool) -> Option<(Cmd, String)> {
@@ -462,6 +458,57 @@ fn answer_to(call: &str, reply: Value) -> Option<Value> {
     }
 }
 
+/// A numbered call's outcome from the connection's `reply` to it: its script's own reply or error, or an
+/// out-of-step error when the reply answers another call. A whole-call error (NOSCRIPT, say, or the script
+/// raised) is the call's own, except CROSSSLOT ([`answers_another_command`]).
+fn reply_to(call: &str, reply: Value) -> RedisResult<Value> {
+    match reply {
+        Value::ServerError(e) if answers_another_command(&e) => Err(out_of_step_error()),
+        error @ Value::ServerError(_) => Ok(error),
+        reply => match answer_to(call, reply) {
+            Some(Value::ServerError(e)) => Err(e.into()),
+            Some(own) => Ok(own),
+            None => Err(out_of_step_error()),
+        },
+    }
+}
+
+/// `pipeline` with each call of our scripts numbered ([`numbered`]), and each command's number (`None` for a
+/// command left as it was); `None` if it calls none of our scripts.
+fn numbered_pipeline(pipeline: &Pipeline, cluster: bool) -> Option<(Pipeline, Vec<Option<String>>)> {
+    let mut numbered_pipeline = redis::pipe();
+    let mut calls = Vec::new();
+    for c in pipeline.cmd_iter() {
+        match numbered(c, cluster) {
+            Some((numbered, call)) => {
+                numbered_pipeline.add_command(numbered);
+                calls.push(Some(call));
+            }
+            None => {
+                numbered_pipeline.add_command(c.clone());
+                calls.push(None);
+            }
+        }
+    }
+    calls.iter().any(Option::is_some).then_some((numbered_pipeline, calls))
+}
+
+/// The pipeline's outcomes from its `replies`, which answer `calls` from `offset` on: an out-of-step error
+/// for all of them if any reply answers another call, since it then says nothing of this one's.
+fn replies_to(calls: &[Option<String>], offset: usize, replies: Vec<Value>) -> RedisResult<Vec<Value>> {
+    replies
+        .into_iter()
+        .zip(calls.iter().skip(offset))
+        .map(|(reply, call)| match (call, reply) {
+            (Some(_), Value::ServerError(e)) if answers_another_command(&e) => Err(out_of_step_error()),
+            // A call that failed as a whole (NOSCRIPT, say) is its own error; `ignore_errors` hands it on.
+            (_, error @ Value::ServerError(_)) => Ok(error),
+            (Some(call), reply) => answer_to(call, reply).ok_or_else(out_of_step_error),
+            (None, reply) => Ok(reply),
+        })
+        .collect()
+}
+
 const OUT_OF_STEP: &str = "a reply on this connection answered another call (the connection is replaced)";
 
 /// The error of a call that got another call's reply.
@@ -492,22 +539,11 @@ impl ConnectionLike for Link {
         let numbered = if self.carries_subscriptions() { numbered(cmd, self.is_cluster()) } else { None };
         let Some((numbered, call)) = numbered else { return self.send(cmd) };
         Box::pin(async move {
-            match self.send(&numbered).await? {
-                Value::ServerError(e) if answers_another_command(&e) => {
-                    self.out_of_step();
-                    Err(out_of_step_error())
-                }
-                // The call failed as a whole (NOSCRIPT, say, or the script raised): its error, not a reply.
-                error @ Value::ServerError(_) => Ok(error),
-                reply => match answer_to(&call, reply) {
-                    Some(Value::ServerError(e)) => Err(e.into()),
-                    Some(own) => Ok(own),
-                    None => {
-                        self.out_of_step();
-                        Err(out_of_step_error())
-                    }
-                },
+            let answer = reply_to(&call, self.send(&numbered).await?);
+            if answer.as_ref().is_err_and(is_out_of_step) {
+                self.out_of_step();
             }
+            answer
         })
     }
 
@@ -517,36 +553,10 @@ impl ConnectionLike for Link {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        if !self.carries_subscriptions() || !cmd.cmd_iter().any(is_script_call) {
-            return self.send_all(cmd, offset, count);
-        }
+        let numbered = if self.carries_subscriptions() { numbered_pipeline(cmd, self.is_cluster()) } else { None };
+        let Some((pipeline, calls)) = numbered else { return self.send_all(cmd, offset, count) };
         Box::pin(async move {
-            let mut pipeline = redis::pipe();
-            let mut calls = Vec::new();
-            for c in cmd.cmd_iter() {
-                match numbered(c, self.is_cluster()) {
-                    Some((numbered, call)) => {
-                        pipeline.add_command(numbered);
-                        calls.push(Some(call));
-                    }
-                    None => {
-                        pipeline.add_command(c.clone());
-                        calls.push(None);
-                    }
-                }
-            }
-            let replies = self.send_all(&pipeline, offset, count).await?;
-            let answers: RedisResult<Vec<Value>> = replies
-                .into_iter()
-                .zip(calls.iter().skip(offset))
-                .map(|(reply, call)| match (call, reply) {
-                    (Some(_), Value::ServerError(e)) if answers_another_command(&e) => Err(out_of_step_error()),
-                    // A call that failed as a whole (NOSCRIPT, say) is its own error; `ignore_errors` hands it on.
-                    (_, error @ Value::ServerError(_)) => Ok(error),
-                    (Some(call), reply) => answer_to(call, reply).ok_or_else(out_of_step_error),
-                    (None, reply) => Ok(reply),
-                })
-                .collect();
+            let answers = replies_to(&calls, offset, self.send_all(&pipeline, offset, count).await?);
             if answers.is_err() {
                 // Every call of the pipeline fails: a reply that answers another call says nothing of this one's.
                 self.out_of_step();
@@ -637,12 +647,94 @@ mod tests {
         assert_eq!(answer_to("7", subscribed), None, "a subscription's confirmation (seen during a slot migration)");
     }
 
-    #[test]
-    fn a_cross_slot_error_answers_another_command() {
-        let error = |text: &str| match redis::parse_redis_value(format!("-{text}\r\n").as_bytes()) {
+    fn server_error(text: &str) -> redis::ServerError {
+        match redis::parse_redis_value(format!("-{text}\r\n").as_bytes()) {
             Ok(Value::ServerError(e)) => e,
             other => panic!("not a server error: {other:?}"),
-        };
+        }
+    }
+
+    fn numbered_reply(call: &str, own: Value) -> Value {
+        Value::Array(vec![Value::BulkString(call.into()), own])
+    }
+
+    const NOSCRIPT: &str = "NOSCRIPT No matching script. Please use EVAL.";
+    const CROSSSLOT: &str = "CROSSSLOT Keys in request don't hash to the same slot";
+
+    /// A numbered call keeps its own reply and its own errors; another call's reply, or a CROSSSLOT (which
+    /// no call of ours can cause), is out of step.
+    #[test]
+    fn a_numbered_call_takes_only_its_own_reply() {
+        assert_eq!(reply_to("7", numbered_reply("7", Value::Int(1))).expect("own"), Value::Int(1));
+        let own_error = reply_to("7", numbered_reply("7", Value::ServerError(server_error("ERR oops"))));
+        assert!(
+            own_error.as_ref().is_err_and(|e| !is_out_of_step(e) && e.to_string().contains("oops")),
+            "{own_error:?}"
+        );
+        // NOSCRIPT is the call's own whole-call error, handed on as a reply for `send_script` to send the source.
+        match reply_to("7", Value::ServerError(server_error(NOSCRIPT))) {
+            Ok(Value::ServerError(e)) => assert_eq!(e.code(), "NOSCRIPT"),
+            other => panic!("NOSCRIPT not handed on: {other:?}"),
+        }
+        for (what, reply) in [
+            ("another call's reply", numbered_reply("6", Value::Int(1))),
+            ("an unnumbered reply", Value::Okay),
+            ("a CROSSSLOT", Value::ServerError(server_error(CROSSSLOT))),
+        ] {
+            let answer = reply_to("7", reply);
+            assert!(answer.as_ref().is_err_and(is_out_of_step), "{what}: {answer:?}");
+        }
+    }
+
+    fn renew_many_call() -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&scripts::RENEW_MANY.sha).arg(1).arg("key").arg("token").arg(1000);
+        cmd
+    }
+
+    /// A pipeline's calls of our scripts are numbered, in place; other commands pass as they were; a pipeline
+    /// without a call of ours is not rebuilt.
+    #[test]
+    fn a_pipeline_numbers_the_calls_of_our_scripts() {
+        let mut pipeline = redis::pipe();
+        pipeline.add_command(renew_many_call()).add_command(redis::cmd("PING")).add_command(renew_many_call());
+        let (numbered, calls) = numbered_pipeline(&pipeline, false).expect("numbered");
+        assert!(calls[0].is_some() && calls[1].is_none() && calls[2].is_some(), "{calls:?}");
+        let sent: Vec<Vec<Vec<u8>>> = numbered.cmd_iter().map(args).collect();
+        assert_eq!(sent[0][1], scripts::RENEW_MANY.numbered.sha.as_bytes());
+        assert_eq!(sent[1], args(&redis::cmd("PING")));
+        assert_eq!(sent[2].last().map(Vec::as_slice), calls[2].as_ref().map(|c| c.as_bytes()));
+        let (sharded, _) = numbered_pipeline(&pipeline, true).expect("numbered on a cluster");
+        assert_eq!(sharded.cmd_iter().next().map(args).expect("first")[1], scripts::RENEW_MANY.sharded.sha.as_bytes());
+
+        let mut others = redis::pipe();
+        others.add_command(redis::cmd("PING")).add_command(redis::cmd("EVAL").arg("return 1").arg(0).clone());
+        assert!(numbered_pipeline(&others, false).is_none(), "nothing of ours to number");
+    }
+
+    /// A pipeline's replies from `offset` on answer its calls from there; one out of step fails them all. A
+    /// CROSSSLOT is out of step for a numbered call, and a command's own error for another command.
+    #[test]
+    fn a_pipeline_takes_only_its_own_replies() {
+        let calls = vec![None, Some("8".to_owned()), None, Some("9".to_owned())];
+        let noscript = Value::ServerError(server_error(NOSCRIPT));
+        let replies = vec![numbered_reply("8", Value::Int(1)), Value::Okay, noscript.clone()];
+        assert_eq!(replies_to(&calls, 1, replies).expect("own"), vec![Value::Int(1), Value::Okay, noscript]);
+        let crossslot = Value::ServerError(server_error(CROSSSLOT));
+        assert_eq!(replies_to(&calls, 2, vec![crossslot.clone()]).expect("not ours"), vec![crossslot.clone()]);
+        for (what, replies) in [
+            ("another call's reply", vec![Value::Okay, numbered_reply("8", Value::Int(1))]),
+            ("a CROSSSLOT to a numbered call", vec![Value::Okay, crossslot]),
+            ("an unnumbered reply", vec![Value::Okay, Value::Int(1)]),
+        ] {
+            let answers = replies_to(&calls, 2, replies);
+            assert!(answers.as_ref().is_err_and(is_out_of_step), "{what}: {answers:?}");
+        }
+    }
+
+    #[test]
+    fn a_cross_slot_error_answers_another_command() {
+        let error = server_error;
         assert!(answers_another_command(&error("CROSSSLOT Keys in request don't hash to the same slot")));
         for own in [
             "NOSCRIPT No matching script. Please use EVAL.",
