@@ -204,7 +204,7 @@ impl RedisBackend {
         }
         self.probe_lock_cycle(prefix).await?;
         // Cached now, so the first burst of renewals after a restart of this process needs no EVAL fallback: each
-        // script as this connection sends it (numbered on a cluster or behind Sentinel, see link.rs). Also a
+        // script as this connection sends it (numbered on a cluster or behind Sentinel, see numbered.rs). Also a
         // Redlock server's grant, so that a first acquire is not sent again as EVAL behind calls sent after it
         // (a renewal sent meanwhile would reach the server first and find no record).
         for script in [&*RENEW, &*RENEW_MANY, &*REMAINING, &*INFO, &*FORCE_UNLOCK, &*scripts::BATCH, &*ACQUIRE_PLAIN] {

@@ -29,6 +29,7 @@ pub(crate) mod errors;
 mod link;
 mod listing;
 mod multi_key;
+mod numbered;
 mod plain;
 mod scripts;
 #[cfg(feature = "simulation")]
@@ -530,7 +531,7 @@ async fn send_script<T: FromRedisValue>(
 /// a reply out of step left unknown whether it ran, and for good (a release sent again then may answer
 /// UNCONFIRMED rather than claim EXPIRED or TAKEN_BY_OTHER after its own earlier run).
 fn settling(sending: Sending, e: &redis::RedisError) -> Option<Sending> {
-    is_cluster_in_flux(e).then(|| Sending { again: sending.again || link::is_out_of_step(e), ..sending })
+    is_cluster_in_flux(e).then(|| Sending { again: sending.again || numbered::is_out_of_step(e), ..sending })
 }
 
 /// How many more times, and how far apart, a call is sent while a cluster's slots move (at most ~0.5 s).
@@ -554,7 +555,7 @@ fn is_cluster_in_flux(e: &redis::RedisError) -> bool {
         // Its reply went to another call (link.rs): the call may or may not have run, and every script is
         // safe to send again with the same token (a grant it made is claimed again, a release finds the lock
         // gone), once the connection is replaced.
-        _ => link::is_out_of_step(e),
+        _ => numbered::is_out_of_step(e),
     }
 }
 
@@ -634,7 +635,7 @@ mod tests {
     fn a_call_is_marked_sent_again_once_a_reply_out_of_step_left_its_outcome_unknown() {
         use redis::{ErrorKind, RedisError, ServerErrorKind};
         let moved = RedisError::from((ErrorKind::Server(ServerErrorKind::Moved), ""));
-        let out_of_step = super::link::out_of_step_error();
+        let out_of_step = super::numbered::out_of_step_error();
         let first = super::Sending::default();
         let after_moved = super::settling(first, &moved).expect("sent again on MOVED");
         assert!(!after_moved.again, "MOVED: the call did not run there");
