@@ -319,3 +319,25 @@ async fn releases_sharing_a_call_of_records_gone_say_expired() {
     let calls = script_calls(&mut conn).await - calls_before;
     assert!(calls < LOCKS as u64, "{calls} script calls for {LOCKS} releases: no call was shared");
 }
+
+/// Every script a started client calls is already in the server's script cache: the start loads each one as
+/// the connection sends it (SCRIPT LOAD), so no call pays a NOSCRIPT and then an EVAL of the whole source:
+/// not a burst of first renewals after this process restarts, nor a Redlock server's first grant (connect.rs).
+/// (The mutation report's `Link::script_source` → `""` or `"xyzzy"`: the loads cached another script or
+/// failed, and no test saw it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_client_finds_its_scripts_cached() {
+    let fx = Fixture::redis().await;
+    let mut conn = fx.redis_connection().unwrap();
+    let evals_before = command_calls(&mut conn, "eval").await;
+    let client = fx.client();
+    let guard = client.lock("cached").ttl(ms(600)).acquire().await.expect("acquire");
+    let first = guard.deadline();
+    eventually(secs(5), "a renewal by the watchdog", || async { guard.deadline() > first }).await;
+    guard.extend(secs(2)).await.expect("extend");
+    assert!(client.lock_info("cached").await.expect("lock_info").is_some(), "held");
+    assert!(!client.force_unlock("never-held").await.expect("force_unlock"), "nothing to unlock");
+    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+    assert_eq!(command_calls(&mut conn, "eval").await, evals_before, "a script call fell back to EVAL");
+    assert!(command_calls(&mut conn, "evalsha").await > 0, "no script call counted: the count reads the wrong stat");
+}
