@@ -18,7 +18,9 @@ pub(crate) fn redis_error_with_hint(server: &str, hint: String, e: redis::RedisE
 fn kind_of(e: &redis::RedisError) -> BackendErrorKind {
     if e.is_timeout() {
         BackendErrorKind::Timeout
-    } else if e.is_connection_refusal() || e.is_io_error() || e.is_connection_dropped() {
+    } else if e.is_connection_refusal() || e.is_io_error() || e.is_connection_dropped() || super::is_cluster_in_flux(e)
+    {
+        // A cluster still moving a slot or electing a primary after the settling retries: it may settle yet.
         BackendErrorKind::Unreachable
     } else if matches!(e.kind(), redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType) {
         BackendErrorKind::Protocol
@@ -48,6 +50,8 @@ fn hint_for(e: &redis::RedisError, server: &str) -> String {
         "the server did not answer within the response timeout: check that it is up and not overloaded, or raise ClientBuilder::response_timeout"
     } else if e.is_connection_refusal() || e.is_io_error() {
         "could not reach the server: check that redis-server is running and the URL (host, port, TLS) is right"
+    } else if super::is_cluster_in_flux(e) {
+        "the cluster was still moving the lock's slot, electing a primary or reconnecting to the slot's node after about a second of retries: try again; if it lasts, check the cluster (redis-cli --cluster check HOST:PORT)"
     } else if server.starts_with(SENTINEL_SERVICE) && is_auth_error(e) {
         "the primary or the sentinels require a password (or refused the one given): give the sentinels' in their URLs (redis://:PASSWORD@HOST:PORT/), the primary's with ClientBuilder::sentinel_primary_password"
     } else if is_socket(server) && is_auth_error(e) {
