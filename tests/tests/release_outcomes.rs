@@ -200,13 +200,14 @@ async fn s31_5_resent_releases_sharing_a_call_without_a_trace_report_unconfirmed
         }
         true
     };
-    let releases = async move {
-        let mut tasks = tokio::task::JoinSet::new();
-        for guard in guards {
-            tasks.spawn(async move { (guard.key().to_owned(), guard.release().await) });
-        }
-        tasks.join_all().await
-    };
+    // All issued in one poll of one task, so they go in at most two calls (the first alone, the rest queued
+    // behind it), within the coalescer's window: issued by tasks of their own, on a loaded machine, they could
+    // take more calls than the window holds, and the rest waited for a slot that only a reply (lost here)
+    // frees, so their releases never ran and the calls sent timed out (CI, once).
+    let releases = futures_util::future::join_all(guards.into_iter().map(|guard| async move {
+        let key = guard.key().to_owned();
+        (key, guard.release().await)
+    }));
     for (key, outcome) in with_lost_reply(&proxy, releases, gone).await {
         assert_eq!(
             outcome.expect("release"),

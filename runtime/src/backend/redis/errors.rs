@@ -51,7 +51,7 @@ fn hint_for(e: &redis::RedisError, server: &str) -> String {
     } else if e.is_connection_refusal() || e.is_io_error() {
         "could not reach the server: check that redis-server is running and the URL (host, port, TLS) is right"
     } else if super::is_cluster_in_flux(e) {
-        "the cluster was still moving the lock's slot, electing a primary or reconnecting to the slot's node after about a second of retries: try again; if it lasts, check the cluster (redis-cli --cluster check HOST:PORT)"
+        "the cluster was moving the lock's slot, electing a primary or reconnecting to the slot's node, and had not settled when the call gave up (a script call is sent again for about a second): try again; if it lasts, check the cluster (redis-cli --cluster check HOST:PORT)"
     } else if server.starts_with(SENTINEL_SERVICE) && is_auth_error(e) {
         "the primary or the sentinels require a password (or refused the one given): give the sentinels' in their URLs (redis://:PASSWORD@HOST:PORT/), the primary's with ClientBuilder::sentinel_primary_password"
     } else if is_socket(server) && is_auth_error(e) {

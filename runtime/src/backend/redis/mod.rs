@@ -640,7 +640,7 @@ mod tests {
                 super::errors::redis_error("cluster redis://127.0.0.1:7000/", Some("k"), RedisError::from((kind, "")));
             assert_eq!(e.kind(), crate::error::BackendErrorKind::Unreachable, "{kind:?}");
             let message = e.to_string();
-            assert!(message.contains("still moving") && !message.contains("refused the command"), "{message}");
+            assert!(message.contains("had not settled") && !message.contains("refused the command"), "{message}");
         }
     }
 
