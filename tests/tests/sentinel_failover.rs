@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use distlock::{Client, ReleaseOutcome};
+use distlock::{Client, ReleaseOutcome, RetryStrategy};
 use distlock_tests::sentinel::{SentinelGroup, SERVICE};
 use distlock_tests::sys::Stopped;
 use distlock_tests::{eventually, RedisServer};
@@ -19,6 +19,24 @@ async fn client(group: &SentinelGroup) -> Client {
         .build()
         .await
         .expect("client through the sentinels")
+}
+
+/// When a lock on `key` (held by nobody) is first taken through `client` after the switch at `switched_at`:
+/// its calls work again. Fails if they still fail 5 s after the switch.
+async fn calls_work_again(client: &Client, key: &str, switched_at: Instant) -> Instant {
+    loop {
+        match client.lock(key).try_acquire().await {
+            Ok(Some(guard)) => {
+                let _ = guard.release().await;
+                return Instant::now();
+            }
+            Ok(None) => panic!("nobody holds {key}"),
+            Err(e) => {
+                assert!(switched_at.elapsed() < Duration::from_secs(5), "calls still fail 5 s after the switch: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -51,20 +69,7 @@ async fn a_killed_primary_is_followed_to_the_promoted_replica() {
     let switched_at = Instant::now();
     eprintln!("primary switched {:?} after the kill", switched_at - killed_at);
 
-    // Calls work again through the same client: a lock on another key.
-    let works_again = loop {
-        match holder_client.lock("sentinel:other").try_acquire().await {
-            Ok(Some(guard)) => {
-                let _ = guard.release().await;
-                break Instant::now();
-            }
-            Ok(None) => panic!("nobody holds sentinel:other"),
-            Err(e) => {
-                assert!(switched_at.elapsed() < Duration::from_secs(5), "calls still fail 5 s after the switch: {e}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
+    let works_again = calls_work_again(&holder_client, "sentinel:other", switched_at).await;
     let recovered = works_again.saturating_duration_since(switched_at);
     eprintln!("calls work again {recovered:?} after the switch");
     assert!(recovered < Duration::from_secs(2), "calls worked again only {recovered:?} after the switch");
@@ -193,5 +198,72 @@ async fn a_hung_primary_s_locks_with_a_lease_longer_than_the_switch_stay_valid()
     for (key, guard) in held {
         assert!(!guard.is_lost(), "the lock {key} was lost");
         assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released, "{key}");
+    }
+}
+
+/// Waiters that send nothing through a switch still hear their hand-overs on the promoted replica. A hung
+/// primary (SIGSTOP) drops no connection, so no disconnection tells them anything; with a slow retry strategy
+/// (a refresh every 40–80 s) and a holder whose lease (60 s) outlasts the test, they make no call of their own
+/// until the hand-over is announced. Their client's rebuild, after calls of its own failed, must subscribe
+/// again on the new connection and make them retry; without that, each hand-over would be announced where
+/// nobody listens and wait for the heir's next refresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_silent_through_the_switch_are_handed_the_lock_on_the_promoted_replica() {
+    let group = SentinelGroup::start(2).await;
+    let holder_client = client(&group).await;
+    let waiter_client = client(&group).await;
+    let key = "sentinel:silent";
+    let holder = holder_client.lock(key).ttl(Duration::from_secs(60)).acquire().await.expect("holder");
+    let (served_tx, mut served) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for n in 1..=2 {
+        let (client, served_tx) = (waiter_client.clone(), served_tx.clone());
+        waiters.push(tokio::spawn(async move {
+            let request = client.lock(key).ttl(Duration::from_secs(240)).wait(Duration::from_secs(180));
+            let guard = request.retry(RetryStrategy::Linear { step: Duration::from_secs(80) }).acquire().await;
+            let guard = guard.unwrap_or_else(|e| panic!("waiter {n}: {e}"));
+            served_tx.send((n, Instant::now(), guard.fencing_token())).expect("the test listens");
+            guard.release().await.unwrap_or_else(|e| panic!("waiter {n}'s release: {e}"));
+        }));
+        // One after the other: the second is second in the queue and in its client's line.
+        eventually(Duration::from_secs(5), "the waiter queued", || async {
+            holder_client.lock_info(key).await.ok().flatten().is_some_and(|info| info.waiting == n)
+        })
+        .await;
+    }
+
+    let old = group.primary_port().await.expect("a primary");
+    let pid = group.servers.iter().find(|s| s.port() == old).and_then(|s| s.pid()).expect("the primary's pid");
+    // Stopped until the test ends: resumed, the old primary would be demoted and its clients' connections
+    // dropped, which tells every waiter to retry.
+    let _hung = Stopped::stop(pid);
+    eventually(Duration::from_secs(20), "the sentinels switched the primary", || async {
+        group.primary_port().await.is_some_and(|port| port != old)
+    })
+    .await;
+    let switched_at = Instant::now();
+    // Both clients follow the switch once calls of theirs failed (not the waiters').
+    calls_work_again(&holder_client, "sentinel:silent-holder's", switched_at).await;
+    calls_work_again(&waiter_client, "sentinel:silent-waiters'", switched_at).await;
+
+    let fence = holder.fencing_token();
+    let released_at = Instant::now();
+    assert_eq!(holder.release().await.expect("the holder's release"), ReleaseOutcome::Released);
+    let mut last = (released_at, fence);
+    for expected in 1..=2 {
+        let (n, at, token) = tokio::time::timeout(Duration::from_secs(30), served.recv())
+            .await
+            .unwrap_or_else(|_| panic!("waiter {expected} was not served within 30 s of the release before it"))
+            .expect("a waiter's report");
+        assert_eq!(n, expected, "the waiters were served out of their order");
+        assert!(token > last.1, "waiter {n}'s fencing token {token} is not above {}", last.1);
+        let waited = at.saturating_duration_since(last.0);
+        eprintln!("waiter {n} served {waited:?} after the release before it");
+        // Its own refresh would come 40–80 s after its last.
+        assert!(waited < Duration::from_secs(4), "waiter {n} was served {waited:?} after the release before it");
+        last = (at, token);
+    }
+    for waiter in waiters {
+        waiter.await.expect("a waiter's task");
     }
 }
