@@ -200,6 +200,62 @@ async fn a_failure_or_unknown_reply_inside_a_shared_call_is_that_operation_s_alo
     assert_eq!(redis.calls()[SLOTS].len(), 4, "the four shared one call");
 }
 
+/// A runtime shut down while the coalescer's calls are out and operations queued (a client outliving the runtime
+/// it was used on), with a drainer's call out, or with a drainer due to start (spawned by a call dropped at the
+/// shutdown, never run): each dropped drainer gives its slot back and fails what is queued, as do the dropped
+/// calls, so no slot is lost for good (a window's worth would leave every later operation queued forever) and
+/// a later operation, on another runtime, goes out at once in a call of its own.
+#[test]
+fn a_runtime_shut_down_under_calls_and_drainers_gives_every_slot_back() {
+    let runtime = || tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    for drainer_in_call in [true, false] {
+        let home = runtime();
+        let (redis, coalescer) = home.block_on(async { fake() });
+        let doomed = runtime();
+        doomed.block_on(async {
+            let busy = fill_the_window(&redis, &coalescer).await;
+            let queued = start(&coalescer, acquire("queued"));
+            settle().await;
+            let mut behind = Vec::new();
+            if !drainer_in_call {
+                // The first call comes back: the drainer its slot spawns is due, and dropped before it runs.
+                redis.gate.add_permits(1);
+                let mut yields = 0;
+                while coalescer.slots().drainers_due == 0 {
+                    assert!(yields < 50, "no drainer became due");
+                    yields += 1;
+                    tokio::task::yield_now().await;
+                }
+                assert_eq!(redis.calls().len(), SLOTS, "the due drainer ran");
+            } else {
+                // One call comes back: its slot's drainer takes the queue out in a call that never comes back.
+                redis.gate.add_permits(1);
+                settle().await;
+                assert_eq!(redis.calls()[SLOTS], ["a:queued"], "the drainer took the queue");
+                // More, one tick apart, until the window (grown by the call that came back) is full again.
+                while coalescer.slots().queue.is_empty() {
+                    assert!(behind.len() < 64, "the window never filled");
+                    behind.push(start(&coalescer, acquire(&format!("behind{}", behind.len()))));
+                    settle().await;
+                }
+            }
+            drop((busy, queued, behind));
+        });
+        drop(doomed);
+        {
+            let slots = coalescer.slots();
+            assert_eq!(slots.in_flight, 0, "slots were not given back (drainer in call: {drainer_in_call})");
+            assert_eq!(slots.drainers_due, 0, "drainers that never run are due (in call: {drainer_in_call})");
+            assert!(slots.queue.is_empty(), "operations stayed queued with nobody to send them");
+        }
+        let calls = redis.calls().len();
+        redis.gate.add_permits(1);
+        let after = runtime().block_on(coalescer.run(acquire("after")));
+        assert_eq!(after.expect("after"), (1, 42, 1000));
+        assert_eq!(redis.calls()[calls..], [vec!["a:after"]], "a later operation did not go out alone");
+    }
+}
+
 /// A stand-in for Redis a network hop away, in (paused) tokio time: each call travels `one_way`, waits its
 /// turn (Redis runs one call at a time), takes `per_call` plus `per_op` for each operation in it, and travels
 /// back. Counts calls, operations, and the most calls in flight at once.
@@ -303,6 +359,25 @@ struct Answers(Value);
 impl Transport for Answers {
     async fn call(&self, _: &[Op<'_>]) -> redis::RedisResult<Value> {
         Ok(self.0.clone())
+    }
+}
+
+/// A shared call answered with more or fewer values than it carried operations: the values cannot be matched
+/// to the operations, so every one of them fails as an unexpected reply; none takes another's value, and none
+/// is left without an answer.
+#[tokio::test]
+async fn a_shared_call_answered_with_the_wrong_number_of_values_fails_each_operation() {
+    use super::call_many;
+
+    let ops = [acquire("a"), acquire("b")];
+    for count in [1, 3] {
+        let answers = Answers(Value::Array(vec![Value::BulkString(b"42".to_vec()); count]));
+        let replies = call_many(&answers, &ops).await;
+        assert_eq!(replies.len(), ops.len(), "{count} values: an operation without an answer");
+        for reply in replies {
+            let error = reply.expect_err("a value taken from a reply out of step");
+            assert!(error.to_string().contains("unexpected reply"), "{count} values: {error}");
+        }
     }
 }
 
