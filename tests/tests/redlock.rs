@@ -646,6 +646,35 @@ async fn a_server_restarted_empty_during_a_hold_lets_no_second_holder_in() {
     assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
 }
 
+/// Schedule 4 with a client built after the restart: a new client marks a group's servers as long settled
+/// only when none has a mark (a group set up fresh), never a server that lost its keys beside marked ones. The
+/// holder's record is gone from one server (deleted, as a lost write would leave it) and another restarts
+/// empty: the new client gets grants from both, and the emptied server's must not count, or it would hold the
+/// lock beside a valid holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_built_after_a_restart_does_not_count_the_emptied_server() {
+    let mut fixture = Fixture::redlock().await;
+    let record = fixture.client().record_key("r");
+    // Renewed every 10 s: not before the end of the test.
+    let guard = fixture.client().lock("r").ttl(secs(30)).acquire().await.expect("acquire");
+    eventually(secs(5), "on all three servers", || async { servers_with(&fixture, &record).await == 3 }).await;
+    let mut second = fixture.redlock_servers().nth(1).expect("a second server").connection().await;
+    let deleted: usize = second.del(&record).await.expect("DEL");
+    assert_eq!(deleted, 1);
+    fixture.redlock_server_mut(0).restart();
+    assert_eq!(servers_with(&fixture, &record).await, 1, "the holder stands on one server");
+
+    let late = fixture.other_client().await;
+    match late.lock("r").try_acquire().await {
+        Ok(None) => {}
+        Ok(Some(_)) => panic!("a client built after the restart took the lock beside a valid holder"),
+        Err(e) => panic!("try_acquire: {e}"),
+    }
+    assert!(!guard.is_lost());
+    // Standing on one server of three, the release cannot be confirmed by a majority.
+    guard.release().await.expect("release");
+}
+
 /// A renewal takes the lock again where its record is gone, but counts such a server only if it lost every
 /// key meanwhile (its lock state is younger than the ttl): a record deleted from every server (as by an
 /// operator) leaves the holder lost at its next renewal, however many servers it took again, and the records
