@@ -605,6 +605,31 @@ mod tests {
         assert!(matches!(lost, Err(AppError::Lock(LockError::Lost { .. }))), "{lost:?}");
     }
 
+    /// A lease that ran out before anything noticed (the thread was blocked: no renewal, no timer ran) says
+    /// why by the clock alone: `max_hold` when the cap was reached, else that no renewal came in time.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_lease_run_out_by_the_clock_says_whether_max_hold_ended_it() {
+        use crate::LossReason;
+
+        let client = Client::builder().memory().build().await.expect("memory");
+        let ttl = Duration::from_millis(150);
+        for (max_hold, reason) in
+            [(Some(Duration::from_millis(50)), LossReason::MaxHold), (None, LossReason::NotRenewedInTime)]
+        {
+            let mut request = client.lock("k").ttl(ttl);
+            if let Some(max_hold) = max_hold {
+                request = request.max_hold(max_hold);
+            }
+            let guard = request.acquire().await.expect("acquire");
+            // Blocks the runtime's only thread past the lease: neither the renewer nor its timers run.
+            std::thread::sleep(ttl * 2);
+            match guard.extend(ttl).await {
+                Err(LockError::Lost { reason: found, .. }) => assert_eq!(found, reason, "max_hold {max_hold:?}"),
+                other => panic!("max_hold {max_hold:?}: {other:?}"),
+            }
+        }
+    }
+
     /// A retry strategy that would make a waiter hammer the store is refused before any call.
     #[tokio::test]
     async fn zero_delays_are_invalid_config() {

@@ -226,6 +226,29 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(10), shutdown.idle()).await.expect("idle once the last ends");
     }
 
+    /// A grant leaves the registry of live grants when it is dropped: a client that takes and gives back locks
+    /// for months keeps no entry per lock it ever held.
+    #[tokio::test]
+    async fn a_dropped_grant_leaves_the_registry() {
+        let client = crate::Client::builder().memory().build().await.expect("memory");
+        let live = || client.inner.shutdown.grants().live.len();
+        for i in 0..10 {
+            let guard = client.lock(format!("k{i}")).acquire().await.expect("acquire");
+            assert_eq!(live(), 1, "the held grant is registered");
+            guard.release().await.expect("release");
+        }
+        let dropped = client.lock("dropped").acquire().await.expect("acquire");
+        drop(dropped);
+        // The dropped guard's release runs in the background: its grant goes once that is done.
+        for _ in 0..100 {
+            if live() == 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(live(), 0, "grants no longer alive are still registered");
+    }
+
     /// `started` resolves once `start` is called, also for a waiter that subscribed before.
     #[tokio::test(start_paused = true)]
     async fn started_resolves_on_start() {
