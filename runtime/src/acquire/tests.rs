@@ -320,6 +320,54 @@ async fn a_waiter_made_first_soon_after_its_last_attempt_sends_nothing() {
     assert_eq!(store.acquire_calls() - before, 0, "attempts after the release, for three announced hand-overs");
 }
 
+/// The other side of that rule: a waiter made first long after its last attempt (more than half the hand-over
+/// lease it registered) refreshes its place at once, so that a hand-over to it soon after is dated from a recent
+/// send. Without that, the hand-over would be dated from the old attempt, its lease nearly spent (or already,
+/// and claimed with one more round trip). (The mutation report's acquire.rs `busy.lease / 2` -> `* 2`.)
+#[tokio::test(start_paused = true)]
+async fn a_waiter_made_first_long_after_its_last_attempt_refreshes_at_once() {
+    let store = MemoryBackend::new("t".into());
+    let client = client_on(store.clone());
+    let holder = client.lock("k").ttl(Duration::from_secs(60)).acquire().await.unwrap();
+    // Refreshes every 0.5–1 s once first, so each registers a hand-over lease of 1.6–3.1 s.
+    let request = || {
+        let request = client.lock("k").ttl(Duration::from_secs(60)).wait(Duration::from_secs(60));
+        request.retry(RetryStrategy::Linear { step: Duration::from_secs(1) })
+    };
+    let (served, release) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+    let first = crate::hooks::spawn({
+        let (request, served, release) = (request(), Arc::clone(&served), Arc::clone(&release));
+        async move {
+            let guard = request.acquire().await.expect("served");
+            served.notify_one();
+            release.notified().await;
+            guard.release().await.unwrap();
+        }
+    });
+    while client.inner.lines.len(&client.record_key("k")) < 1 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let second = crate::hooks::spawn(request().acquire());
+    while client.inner.lines.len(&client.record_key("k")) < 2 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // The second's only attempt so far is its first; the second refreshes seldom (every 15–30 s) while not
+    // first. 2 s on, past half of its lease (at most 1.55 s) and short of twice it (at least 3.2 s).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The first is handed the lock, announced and fresh (its last refresh is at most 1 s old), with no attempt.
+    let before = store.acquire_calls();
+    holder.release().await.unwrap();
+    served.notified().await;
+    // Less than the second's next scheduled refresh (at least 0.5 s after it was made first).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let at_once = store.acquire_calls() - before;
+    release.notify_one();
+    first.await.unwrap();
+    let guard = second.await.unwrap().expect("the second waiter is handed the lock");
+    assert_eq!(at_once, 1, "attempts by the waiter made first, 2 s after its last attempt, in the next 100 ms");
+    guard.release().await.unwrap();
+}
+
 /// A queued waiter dropped where no withdrawal can be sent (here: on a thread outside the runtime, as when its
 /// withdrawal is lost) leaves its place in the store, which lasts 90 s. Its client's next waiter of the lock
 /// refreshes the client's mark, which would keep that place alive, and a release would hand the lock to it;
