@@ -213,6 +213,17 @@ fn redlock_seeds_4971_9638_a_renewal_does_not_count_a_server_a_failed_round_may_
     }
 }
 
+/// Seed 3550's bug on the schedules of today's engine: with `Unfinished::may_give_back` made to answer `false`
+/// (or renewal.rs's `giving_back` guard made `false`), seeds 4971 and 9638 above pass too; 10,000 redlock
+/// schedules then give 1,852 violations, a guard's deadline past a quorum's expiry, the first on seeds 480 and
+/// 710 (mutation run, twenty-second session). The default 300 schedules of a mutation run reach neither.
+#[test]
+fn redlock_seeds_480_710_a_renewal_does_not_count_a_server_a_failed_round_may_give_back() {
+    for seed in [480, 710] {
+        assert_clean(Model::Redlock(3), seed);
+    }
+}
+
 /// Regression, found by this simulation on a replicated primary (redis+replicas seed 2515, issue 32; first seen
 /// as seed 6723): a renewal's `WAIT`, sent after a failover had closed the connection the renewal went on, went
 /// on the new connection, which had written nothing, and "every replica has it" counted a renewal the promoted
