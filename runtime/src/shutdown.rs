@@ -128,7 +128,8 @@ impl Default for Shutdown {
 impl Shutdown {
     /// Starts the shutdown (again: does nothing). From now on new requests fail and waiters stop.
     pub(crate) fn start(&self) {
-        self.tracker.started.store(true, Ordering::Release);
+        // SeqCst, as the last activity's drop (which reads it) and `idle` (which reads `active` after it).
+        self.tracker.started.store(true, Ordering::SeqCst);
         self.tracker.starting.notify_waiters();
     }
 
@@ -153,14 +154,16 @@ impl Shutdown {
         Activity(Arc::clone(&self.tracker))
     }
 
-    /// Resolves when no [`Activity`] is alive.
+    /// Resolves when no [`Activity`] is alive. Only after [`start`](Self::start): until then the last activity
+    /// to end tells nobody.
     pub(crate) async fn idle(&self) {
+        debug_assert!(self.is_started(), "idle is awaited only once shutdown started");
         loop {
             let idle = self.tracker.idle.notified();
             tokio::pin!(idle);
             // Registered before reading, so that the last activity ending in between is not missed.
             idle.as_mut().enable();
-            if self.tracker.active.load(Ordering::Acquire) == 0 {
+            if self.tracker.active.load(Ordering::SeqCst) == 0 {
                 return;
             }
             idle.await;
@@ -199,7 +202,10 @@ pub(crate) struct Activity(Arc<Tracker>);
 
 impl Drop for Activity {
     fn drop(&mut self) {
-        if self.0.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+        // Only shutdown waits for idleness, and only once started: before that, the last activity ending
+        // wakes nobody, and skips the Notify's lock (every lone lock cycle ends one). SeqCst on both sides: a
+        // shutdown that starts as this activity ends either sees `active` at 0 or is seen to have started.
+        if self.0.active.fetch_sub(1, Ordering::SeqCst) == 1 && self.0.started.load(Ordering::SeqCst) {
             self.0.idle.notify_waiters();
         }
     }
@@ -215,6 +221,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn idle_waits_for_the_last_activity() {
         let shutdown = Shutdown::default();
+        shutdown.start();
         shutdown.idle().await;
         let (first, second) = (shutdown.activity(), shutdown.activity());
         drop(first);

@@ -183,12 +183,12 @@ impl Slots {
         self.in_flight < self.window.limit()
     }
 
-    /// A call came back (`round_trip` is `None` if it failed: a failure says nothing about the round trip).
+    /// A call came back (`came_back` is `None` if it failed: a failure says nothing about the round trip).
     /// Returns whether its slot carries on with the queue; if not, the slot is given back.
-    fn call_done(&mut self, round_trip: Option<Duration>) -> bool {
-        if let Some(round_trip) = round_trip {
+    fn call_done(&mut self, came_back: Option<CameBack>) -> bool {
+        if let Some(CameBack { at, round_trip }) = came_back {
             let window_bound = !self.queue.is_empty() || !self.free();
-            self.window.observe(Instant::now(), round_trip, self.in_flight, window_bound);
+            self.window.observe(at, round_trip, self.in_flight, window_bound);
         }
         // The window may have shrunk below the calls in flight: then this slot closes even with operations
         // queued (the calls still in flight take them).
@@ -249,11 +249,11 @@ impl<T: Transport> Coalescer<T> {
         match turn {
             Turn::Now(op) => {
                 // Gives the slot back however this future ends, cancellation included.
-                let mut slot = Slot { coalescer: self, round_trip: None };
+                let mut slot = Slot { coalescer: self, came_back: None };
                 let sent = Instant::now();
                 let reply = call_one(&self.conn, &op).await;
                 if reply.is_ok() {
-                    slot.round_trip = Some(sent.elapsed());
+                    slot.came_back = Some(CameBack::since(sent));
                 }
                 reply
             }
@@ -298,7 +298,7 @@ struct Drainer<T: Transport> {
 impl<T: Transport> Drainer<T> {
     async fn run(mut self) {
         // The round trip of this slot's last call, if one came back.
-        let mut round_trip = None;
+        let mut came_back = None;
         loop {
             if !self.due {
                 // Back from a pass that found only cancelled operations.
@@ -316,7 +316,7 @@ impl<T: Transport> Drainer<T> {
                 self.due = false;
                 // Given back under the same lock that saw the queue empty: a new operation either was taken
                 // here or finds the slot free.
-                if !slots.call_done(round_trip.take()) {
+                if !slots.call_done(came_back.take()) {
                     self.done = true;
                     return;
                 }
@@ -332,7 +332,7 @@ impl<T: Transport> Drainer<T> {
             let sent = Instant::now();
             let results = call_many(&self.coalescer.conn, &ops).await;
             if results.iter().any(Result::is_ok) {
-                round_trip = Some(sent.elapsed());
+                came_back = Some(CameBack::since(sent));
             }
             // Due again before the replies wake their tasks, so that the operations those issue wait for it.
             self.coalescer.slots().drainers_due += 1;
@@ -361,15 +361,30 @@ impl<T: Transport> Drop for Drainer<T> {
 /// Gives a call slot back: to the queue, if operations wait (and the window still has room for it), else free.
 struct Slot<'a, T: Transport> {
     coalescer: &'a Arc<Coalescer<T>>,
-    /// The call's round trip, once it came back well.
-    round_trip: Option<Duration>,
+    /// When the call came back well, if it did.
+    came_back: Option<CameBack>,
+}
+
+/// A call that came back well: when, and its round trip. One clock read serves both (two a call cost about
+/// 100 client instructions a lock cycle).
+#[derive(Debug, Clone, Copy)]
+struct CameBack {
+    at: Instant,
+    round_trip: Duration,
+}
+
+impl CameBack {
+    fn since(sent: Instant) -> Self {
+        let at = Instant::now();
+        Self { at, round_trip: at.saturating_duration_since(sent) }
+    }
 }
 
 impl<T: Transport> Drop for Slot<'_, T> {
     fn drop(&mut self) {
         let carries_on = {
             let mut slots = self.coalescer.slots();
-            let carries_on = slots.call_done(self.round_trip);
+            let carries_on = slots.call_done(self.came_back);
             slots.drainers_due += usize::from(carries_on);
             carries_on
         };
