@@ -156,12 +156,6 @@ impl Op<'_> {
 /// What the script answered for one operation: `(code, fence, ms)` (a release's last two are 0).
 pub(super) type Reply = redis::RedisResult<(i64, i64, i64)>;
 
-/// Whether an operation goes out at once, in a slot of its own, or waits in the queue for a drainer.
-enum Turn<'a> {
-    Now(Op<'a>),
-    Queued(oneshot::Receiver<Reply>),
-}
-
 struct Queued {
     op: Op<'static>,
     reply: oneshot::Sender<Reply>,
@@ -234,30 +228,32 @@ impl<T: Transport> Coalescer<T> {
 
     /// Runs `op`: at once in its own call if no call is outstanding, else in a call shared with the
     /// operations issued in the same tick, or in the next call that comes back if the window is full.
-    pub(super) async fn run(self: &Arc<Self>, op: Op<'_>) -> Reply {
-        let turn = {
+    /// Borrowed: a lone call's future holds a reference, not copies of the operation, so it and every future
+    /// around it (the whole acquire, moved at each level) stay smaller; only a queued operation is copied.
+    pub(super) async fn run(self: &Arc<Self>, op: &Op<'_>) -> Reply {
+        let queued = {
             let mut slots = self.slots();
             if slots.in_flight == 0 && slots.queue.is_empty() {
                 slots.in_flight += 1;
-                Turn::Now(op)
+                None
             } else {
                 let (reply, receiver) = oneshot::channel();
-                slots.queue.push(Queued { op: op.into_owned(), reply });
-                Turn::Queued(receiver)
+                slots.queue.push(Queued { op: op.clone().into_owned(), reply });
+                Some(receiver)
             }
         };
-        match turn {
-            Turn::Now(op) => {
+        match queued {
+            None => {
                 // Gives the slot back however this future ends, cancellation included.
                 let mut slot = Slot { coalescer: self, came_back: None };
                 let sent = Instant::now();
-                let reply = call_one(&self.conn, &op).await;
+                let reply = call_one(&self.conn, op).await;
                 if reply.is_ok() {
                     slot.came_back = Some(CameBack::since(sent));
                 }
                 reply
             }
-            Turn::Queued(receiver) => {
+            Some(receiver) => {
                 self.start_draining_if_idle();
                 receiver.await.unwrap_or_else(|_| no_reply())
             }

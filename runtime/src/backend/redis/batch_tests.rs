@@ -86,7 +86,7 @@ fn release(record: &str) -> Op<'static> {
 
 fn start(coalescer: &Arc<Coalescer<Arc<FakeRedis>>>, op: Op<'static>) -> tokio::task::JoinHandle<Reply> {
     let coalescer = Arc::clone(coalescer);
-    tokio::spawn(async move { coalescer.run(op).await })
+    tokio::spawn(async move { coalescer.run(&op).await })
 }
 
 /// Lets every spawned task run until it waits on something.
@@ -120,8 +120,8 @@ async fn fill_the_window(
 async fn a_lone_operation_goes_out_at_once_in_a_call_of_its_own() {
     let (redis, coalescer) = fake();
     redis.gate.add_permits(2);
-    assert_eq!(coalescer.run(acquire("k")).await.unwrap(), (1, 42, 1000));
-    assert_eq!(coalescer.run(release("k")).await.unwrap(), (1, 0, 0));
+    assert_eq!(coalescer.run(&acquire("k")).await.unwrap(), (1, 42, 1000));
+    assert_eq!(coalescer.run(&release("k")).await.unwrap(), (1, 0, 0));
     assert_eq!(redis.calls(), [vec!["a:k"], vec!["r:k"]]);
 }
 
@@ -250,7 +250,7 @@ fn a_runtime_shut_down_under_calls_and_drainers_gives_every_slot_back() {
         }
         let calls = redis.calls().len();
         redis.gate.add_permits(1);
-        let after = runtime().block_on(coalescer.run(acquire("after")));
+        let after = runtime().block_on(coalescer.run(&acquire("after")));
         assert_eq!(after.expect("after"), (1, 42, 1000));
         assert_eq!(redis.calls()[calls..], [vec!["a:after"]], "a later operation did not go out alone");
     }
@@ -302,8 +302,8 @@ async fn cycle(redis: SimRedis, tasks: usize, cycles: usize) -> (Duration, f64, 
             tokio::spawn(async move {
                 let record = format!("own{task}");
                 for _ in 0..cycles {
-                    assert_eq!(coalescer.run(acquire(&record)).await.unwrap().0, 1);
-                    assert_eq!(coalescer.run(release(&record)).await.unwrap().0, 1);
+                    assert_eq!(coalescer.run(&acquire(&record)).await.unwrap().0, 1);
+                    assert_eq!(coalescer.run(&release(&record)).await.unwrap().0, 1);
                 }
             })
         })

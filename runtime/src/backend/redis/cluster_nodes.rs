@@ -211,23 +211,23 @@ impl PerNode {
 
     /// Runs `op` through its node's coalescer; in a call of its own when the slot map is not known, or when
     /// the node's call found the record elsewhere (the slot moved; nothing was written for it).
-    pub(super) async fn run(&self, op: Op<'_>) -> Reply {
+    pub(super) async fn run(&self, op: &Op<'_>) -> Reply {
         let Some(nodes) = self.nodes.get(&self.link, op.record()).await else {
-            return call_one(&self.link, &op).await;
+            return call_one(&self.link, op).await;
         };
         let node = nodes[slot_of(op.record())];
         if node == UNSERVED {
-            return call_one(&self.link, &op).await;
+            return call_one(&self.link, op).await;
         }
         let coalescer = {
             let mut coalescers = self.coalescers.lock().unwrap_or_else(PoisonError::into_inner);
             let made = coalescers.entry(node).or_insert_with(|| Coalescer::new(NodeLink(self.link.clone())));
             Arc::clone(made)
         };
-        match coalescer.run(op.clone()).await {
+        match coalescer.run(op).await {
             Err(e) if is_cluster_in_flux(&e) => {
                 self.nodes.forget();
-                call_one(&self.link, &op).await
+                call_one(&self.link, op).await
             }
             reply => reply,
         }

@@ -81,7 +81,7 @@ enum Hot {
 }
 
 impl Hot {
-    async fn run(&self, op: Op<'_>) -> Reply {
+    async fn run(&self, op: &Op<'_>) -> Reply {
         match self {
             Hot::Coalesced(coalescer) => coalescer.run(op).await,
             // Boxed: a cluster's path wraps a coalescer's call in slot-map lookups, and inline it would enlarge
@@ -135,14 +135,15 @@ impl RedisBackend {
             plain: self.plain.clone(),
         };
         let epoch = self.commands.epoch();
-        let reply = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
+        let reply = self.hot.run(&op).await.map_err(|e| self.error(keys, e))?;
         let attempt = match attempt_of(reply).map_err(|e| self.error(keys, e))? {
             busy @ Attempt::Busy { .. } => return Ok(busy),
             granted => granted,
         };
         if let Err(e) = self.replicated(keys, epoch).await {
-            // Not durable enough to use: give it back (best effort; otherwise it expires).
-            let _ = self.release(keys, token, None, None).await;
+            // Not durable enough to use: give it back (best effort; otherwise it expires). Boxed: this rare
+            // path's future would otherwise set the size of every attempt's, moved whole at each level above.
+            let _ = Box::pin(self.release(keys, token, None, None)).await;
             return Err(e);
         }
         Ok(attempt)
@@ -427,7 +428,7 @@ impl Store for RedisBackend {
         // A keep that rounds to 0 ms would mean "delete": keep at least 1 ms.
         let keep_ms = keep.map_or(0, |k| millis(k).max(1));
         let op = Op::Release { record: Cow::Borrowed(&keys.record), token: token.clone(), fence, keep_ms };
-        let (code, ..) = self.hot.run(op).await.map_err(|e| self.error(keys, e))?;
+        let (code, ..) = self.hot.run(&op).await.map_err(|e| self.error(keys, e))?;
         release_outcome(code).map_err(|e| self.error(keys, e))
     }
 
