@@ -330,15 +330,17 @@ impl Link {
 
 impl Link {
     fn send<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(self.send_noted(cmd))
+    }
+
+    /// `cmd` sent as it is, and the epoch moved if the call failed in a way that may replace the connection.
+    async fn send_noted(&mut self, cmd: &Cmd) -> RedisResult<Value> {
         let epoch = self.per_call_epoch();
-        let call = self.send_on_conn(cmd);
-        Box::pin(async move {
-            let result = call.await;
-            if let Some(epoch) = &epoch {
-                epoch.note(&result);
-            }
-            result
-        })
+        let result = self.send_on_conn(cmd).await;
+        if let Some(epoch) = &epoch {
+            epoch.note(&result);
+        }
+        result
     }
 
     /// The epoch a failed call moves: none on a cluster, where a call fails on one node while the epoch is
@@ -412,6 +414,19 @@ impl Link {
             Conn::Sentinel(link) => link.replace(),
             #[cfg(feature = "simulation")]
             Conn::Simulated(_) => {}
+        }
+    }
+}
+
+impl Link {
+    /// The reply to `cmd`, as [`req_packed_command`](ConnectionLike::req_packed_command) gives it; on a
+    /// connection whose calls are not numbered (one server's, or a simulated one) without the box that call
+    /// wraps around each command: one allocation a script call less on the lock path.
+    pub(super) async fn send_packed(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        if self.carries_subscriptions() {
+            self.req_packed_command(cmd).await
+        } else {
+            self.send_noted(cmd).await
         }
     }
 }

@@ -503,14 +503,14 @@ pub(super) struct Sending {
 /// lost its script cache. Every script is keyed by the grants' tokens, so a repeat is safe: a repeated
 /// acquire finds its own grant, a repeated release its own release.
 async fn send_script<T: FromRedisValue>(
-    conn: &mut (impl ConnectionLike + Send),
+    conn: &mut impl ScriptConnection,
     build: impl Fn(Sending) -> Cmd,
 ) -> redis::RedisResult<T> {
     let mut sending = Sending::default();
-    let mut reply = build(sending).query_async(conn).await;
+    let mut reply = query(conn, &build(sending)).await;
     if reply.as_ref().is_err_and(redis::RedisError::is_connection_dropped) {
         sending.again = true;
-        reply = build(sending).query_async(conn).await;
+        reply = query(conn, &build(sending)).await;
     }
     // A cluster in the middle of a failover answers MOVED, TRYAGAIN or CLUSTERDOWN until its slot map settles,
     // which can outlast the redis crate's own retries: a few more, a moment apart. (A reply that answered
@@ -519,13 +519,46 @@ async fn send_script<T: FromRedisValue>(
         let Some(next) = reply.as_ref().err().and_then(|e| settling(sending, e)) else { break };
         sending = next;
         tokio::time::sleep(CLUSTER_SETTLE_PAUSE).await;
-        reply = build(sending).query_async(conn).await;
+        reply = query(conn, &build(sending)).await;
     }
     if reply.as_ref().is_err_and(is_noscript) {
         sending.by_source = true;
-        reply = build(sending).query_async(conn).await;
+        reply = query(conn, &build(sending)).await;
     }
     reply
+}
+
+/// What script calls are sent on: a [`Link`], or (the coalescer's unit tests) a bare `ConnectionManager`.
+pub(super) trait ScriptConnection: Send {
+    /// The reply to `cmd`, as `ConnectionLike::req_packed_command` gives it.
+    fn send_packed<'a>(
+        &'a mut self,
+        cmd: &'a Cmd,
+    ) -> impl std::future::Future<Output = redis::RedisResult<Value>> + Send + 'a;
+}
+
+impl ScriptConnection for Link {
+    fn send_packed<'a>(
+        &'a mut self,
+        cmd: &'a Cmd,
+    ) -> impl std::future::Future<Output = redis::RedisResult<Value>> + Send + 'a {
+        Link::send_packed(self, cmd)
+    }
+}
+
+impl ScriptConnection for redis::aio::ConnectionManager {
+    fn send_packed<'a>(
+        &'a mut self,
+        cmd: &'a Cmd,
+    ) -> impl std::future::Future<Output = redis::RedisResult<Value>> + Send + 'a {
+        self.req_packed_command(cmd)
+    }
+}
+
+/// `cmd`'s reply as a `T`, as `Cmd::query_async` makes it (an error reply is an error).
+async fn query<T: FromRedisValue>(conn: &mut impl ScriptConnection, cmd: &Cmd) -> redis::RedisResult<T> {
+    let value = conn.send_packed(cmd).await?;
+    Ok(redis::from_redis_value(value.extract_error()?)?)
 }
 
 /// How a call that failed with `e` is sent again while the cluster settles, if it is: marked sent again once
