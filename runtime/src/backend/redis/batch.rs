@@ -26,7 +26,6 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use redis::{Cmd, RedisWrite, Value};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -35,7 +34,7 @@ use super::scripts::record::write_holder;
 use super::scripts::reply::{FAILED, GRANTED};
 use super::scripts::{LuaScript, ACQUIRE, ACQUIRE_PLAIN, BATCH, BATCH_SPREAD, RELEASE};
 use super::window::Window;
-use super::{failed_in_script, millis, send_script, unexpected_reply, Sending};
+use super::{failed_in_script, millis, unexpected_reply, Sending};
 use crate::backend::Queueing;
 use crate::LockToken;
 
@@ -201,14 +200,8 @@ pub(super) trait Transport: Send + Sync + 'static {
     fn call<'a>(&'a self, ops: &'a [Op<'_>]) -> impl Future<Output = redis::RedisResult<Value>> + Send + 'a;
 }
 
-impl Transport for ConnectionManager {
-    async fn call(&self, ops: &[Op<'_>]) -> redis::RedisResult<Value> {
-        send_script(&mut self.clone(), |sending| command(ops, sending)).await
-    }
-}
-
 /// The per-connection coalescer of acquires and releases.
-pub(super) struct Coalescer<T: Transport = ConnectionManager> {
+pub(super) struct Coalescer<T: Transport> {
     conn: T,
     slots: Mutex<Slots>,
     /// Where queue-draining calls run when the code giving a slot back is outside any runtime.

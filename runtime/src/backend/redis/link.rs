@@ -333,6 +333,17 @@ impl Link {
         Box::pin(self.send_noted(cmd))
     }
 
+    /// The reply to `cmd`, as [`req_packed_command`](ConnectionLike::req_packed_command) gives it; on a
+    /// connection whose calls are not numbered (one server's, or a simulated one) without the box that call
+    /// wraps around each command: one allocation a script call less on the lock path.
+    pub(super) async fn send_packed(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        if self.carries_subscriptions() {
+            self.req_packed_command(cmd).await
+        } else {
+            self.send_noted(cmd).await
+        }
+    }
+
     /// `cmd` sent as it is, and the epoch moved if the call failed in a way that may replace the connection.
     async fn send_noted(&mut self, cmd: &Cmd) -> RedisResult<Value> {
         let epoch = self.per_call_epoch();
@@ -414,19 +425,6 @@ impl Link {
             Conn::Sentinel(link) => link.replace(),
             #[cfg(feature = "simulation")]
             Conn::Simulated(_) => {}
-        }
-    }
-}
-
-impl Link {
-    /// The reply to `cmd`, as [`req_packed_command`](ConnectionLike::req_packed_command) gives it; on a
-    /// connection whose calls are not numbered (one server's, or a simulated one) without the box that call
-    /// wraps around each command: one allocation a script call less on the lock path.
-    pub(super) async fn send_packed(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        if self.carries_subscriptions() {
-            self.req_packed_command(cmd).await
-        } else {
-            self.send_noted(cmd).await
         }
     }
 }

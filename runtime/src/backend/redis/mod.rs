@@ -5,7 +5,6 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, Value};
 
 use self::errors::redis_error;
@@ -502,10 +501,7 @@ pub(super) struct Sending {
 /// once if the connection had dropped (the manager reconnects on the failed call), and as EVAL if the server
 /// lost its script cache. Every script is keyed by the grants' tokens, so a repeat is safe: a repeated
 /// acquire finds its own grant, a repeated release its own release.
-async fn send_script<T: FromRedisValue>(
-    conn: &mut impl ScriptConnection,
-    build: impl Fn(Sending) -> Cmd,
-) -> redis::RedisResult<T> {
+async fn send_script<T: FromRedisValue>(conn: &mut Link, build: impl Fn(Sending) -> Cmd) -> redis::RedisResult<T> {
     let mut sending = Sending::default();
     let mut reply = query(conn, &build(sending)).await;
     if reply.as_ref().is_err_and(redis::RedisError::is_connection_dropped) {
@@ -528,35 +524,8 @@ async fn send_script<T: FromRedisValue>(
     reply
 }
 
-/// What script calls are sent on: a [`Link`], or (the coalescer's unit tests) a bare `ConnectionManager`.
-pub(super) trait ScriptConnection: Send {
-    /// The reply to `cmd`, as `ConnectionLike::req_packed_command` gives it.
-    fn send_packed<'a>(
-        &'a mut self,
-        cmd: &'a Cmd,
-    ) -> impl std::future::Future<Output = redis::RedisResult<Value>> + Send + 'a;
-}
-
-impl ScriptConnection for Link {
-    fn send_packed<'a>(
-        &'a mut self,
-        cmd: &'a Cmd,
-    ) -> impl std::future::Future<Output = redis::RedisResult<Value>> + Send + 'a {
-        Link::send_packed(self, cmd)
-    }
-}
-
-impl ScriptConnection for redis::aio::ConnectionManager {
-    fn send_packed<'a>(
-        &'a mut self,
-        cmd: &'a Cmd,
-    ) -> impl std::future::Future<Output = redis::RedisResult<Value>> + Send + 'a {
-        self.req_packed_command(cmd)
-    }
-}
-
 /// `cmd`'s reply as a `T`, as `Cmd::query_async` makes it (an error reply is an error).
-async fn query<T: FromRedisValue>(conn: &mut impl ScriptConnection, cmd: &Cmd) -> redis::RedisResult<T> {
+async fn query<T: FromRedisValue>(conn: &mut Link, cmd: &Cmd) -> redis::RedisResult<T> {
     let value = conn.send_packed(cmd).await?;
     Ok(redis::from_redis_value(value.extract_error()?)?)
 }
