@@ -254,7 +254,7 @@ async fn a_release_reads_only_its_own_grant_s_trace() {
     let (acquire, release) = (scripts["ACQUIRE"], scripts["RELEASE"]);
     let (record, token) = ("{twice}", "0123456789abcdef0123456789abcdef");
     let fence_of = |reply: &redis::Value| match reply {
-        redis::Value::Int(fence) => fence.to_string(),
+        redis::Value::BulkString(fence) => String::from_utf8_lossy(fence).into_owned(),
         redis::Value::Array(parts) => match parts.get(1) {
             Some(redis::Value::BulkString(fence)) => String::from_utf8_lossy(fence).into_owned(),
             other => panic!("no fence in {other:?}"),

@@ -232,8 +232,8 @@ struct Tally {
     outcomes: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
-/// A reply in a word, for the coverage table: an error's code, a fence, an integer, or an array by its first
-/// element (the numbered frame's reply inside it).
+/// A reply in a word, for the coverage table: an error's code, a fence (an integer or its text), an integer,
+/// or an array by its first element (the numbered frame's reply inside it).
 fn outcome(what: &str, reply: &Value) -> String {
     let reply = match reply {
         Value::Array(framed) if what.contains(' ') && framed.len() == 2 => &framed[1],
@@ -243,6 +243,14 @@ fn outcome(what: &str, reply: &Value) -> String {
         Value::ServerError(e) => format!("error {}", e.code()),
         Value::Int(n) if *n >= 1_000_000_000_000_000 => "fence".into(),
         Value::Int(n) => format!("{n}"),
+        Value::BulkString(text)
+            if std::str::from_utf8(text)
+                .ok()
+                .and_then(|t| t.parse::<i64>().ok())
+                .is_some_and(|n| n >= 1_000_000_000_000_000) =>
+        {
+            "fence".into()
+        }
         Value::BulkString(_) => "string".into(),
         Value::Array(items) => match items.first() {
             None => "[]".into(),

@@ -490,8 +490,8 @@ pub(super) async fn call_one(conn: &impl Transport, op: &Op<'_>) -> Reply {
 /// What the script answered for `op`, one call's reply or one operation's value in a [`BATCH`] reply.
 fn reply_of(op: &Op<'_>, value: Value) -> Reply {
     match (op, value) {
-        // A grant for the ttl asked, as its fence alone: an integer (ACQUIRE's fast path) or decimal text
-        // (BATCH's, the text its script has).
+        // A grant for the ttl asked, as its fence alone: decimal text (the text ACQUIRE's fast path and BATCH
+        // have), or an integer.
         (Op::Acquire { ttl_ms, .. }, fence @ (Value::Int(_) | Value::BulkString(_))) => {
             Ok((GRANTED, number(&fence)?, i64::try_from(*ttl_ms).unwrap_or(i64::MAX)))
         }

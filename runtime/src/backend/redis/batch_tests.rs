@@ -381,8 +381,8 @@ async fn a_shared_call_answered_with_the_wrong_number_of_values_fails_each_opera
     }
 }
 
-/// ACQUIRE's fast path answers a grant with its fence alone (the lease is the ttl asked for), as BATCH does
-/// with the fence's text; the slow path's three values still parse; anything else for an acquire is an error,
+/// ACQUIRE's fast path answers a grant with its fence alone (the lease is the ttl asked for), as text as BATCH
+/// does, or an integer; the slow path's three values still parse; anything else for an acquire is an error,
 /// never a grant.
 #[tokio::test]
 async fn a_grant_may_come_as_its_fence_alone() {

@@ -500,7 +500,7 @@ mod tests {
     fn fast_paths_come_before_the_functions() {
         let fast_paths = [
             (&*ACQUIRE, "free = redis.call('exists', R .. ':queue', R .. ':last') == 0", "local function "),
-            (&*ACQUIRE, "  return tonumber(fence)\nend", "local function "),
+            (&*ACQUIRE, "  return fence\nend", "local function "),
             (&*RELEASE, "    and string.byte(v, MARK_AT) ~= QUEUED_MARK then\n", "local function "),
         ];
         for (script, fast, function) in fast_paths {

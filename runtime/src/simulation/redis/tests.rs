@@ -346,7 +346,11 @@ fn production_scripts_hand_a_lock_over_and_announce_it() {
     let (holder, waiter) = ("0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210");
     let mut sim = SimRedis::new();
     let granted = run(&mut sim, NOW, &["EVAL", acquire, "1", "{k}", holder, "30000", "5:owner"]);
-    assert_eq!(granted, redis::Value::Int(NOW), "the fast path's fence is the server's clock in µs");
+    assert_eq!(
+        granted,
+        redis::Value::BulkString(NOW.to_string().into_bytes()),
+        "the fast path's fence is the server's clock in µs"
+    );
     let busy = run(
         &mut sim,
         NOW + 1,
