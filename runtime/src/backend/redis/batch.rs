@@ -396,11 +396,12 @@ pub(super) fn command(ops: &[Op<'_>], sending: Sending) -> Cmd {
         [op] => (op.script(), false),
         _ => (&*BATCH, true),
     };
-    let mut cmd = Cmd::with_capacity(4 + ops.len() * 5, 64 + 96 * ops.len());
+    let mut cmd = Cmd::with_capacity(5 + ops.len() * 5, 80 + 96 * ops.len());
+    let (sha, source) = script.sent_as(sending.frame);
     if sending.by_source {
-        cmd.arg("EVAL").arg(script.source);
+        cmd.arg("EVAL").arg(source);
     } else {
-        cmd.arg("EVALSHA").arg(&script.sha);
+        cmd.arg("EVALSHA").arg(sha);
     }
     cmd.arg(ops.len());
     for op in ops {
@@ -467,11 +468,12 @@ fn write_batch_args(ops: &[Op<'_>], letters: &str, cmd: &mut Cmd) {
 /// [`BATCH_SPREAD`] for several (the records in ARGV; the first also as KEYS[1], which routes the call).
 pub(super) fn command_spread(ops: &[Op<'_>], sending: Sending) -> Cmd {
     let [first, _, ..] = ops else { return command(ops, sending) };
-    let mut cmd = Cmd::with_capacity(5 + ops.len() * 6, 96 + 128 * ops.len());
+    let mut cmd = Cmd::with_capacity(6 + ops.len() * 6, 112 + 128 * ops.len());
+    let (sha, source) = BATCH_SPREAD.sent_as(sending.frame);
     if sending.by_source {
-        cmd.arg("EVAL").arg(BATCH_SPREAD.source);
+        cmd.arg("EVAL").arg(source);
     } else {
-        cmd.arg("EVALSHA").arg(&BATCH_SPREAD.sha);
+        cmd.arg("EVALSHA").arg(sha);
     }
     let letters = batch_letters(ops, sending.again);
     cmd.arg(1).arg(first.record()).arg(&letters);

@@ -511,3 +511,34 @@ fn each_operation_writes_as_many_arguments_as_its_letter_takes() {
         assert_eq!(Some(n), batch_arity(letter), "batch_fn.lua's step for '{}'", letter as char);
     }
 }
+
+/// A call built in a frame is the call the link would have numbered: the same script's variant (numbered; on a
+/// cluster, sharded), by SHA or by source, with the same keys and arguments, one call or several, on one node
+/// or spread over a cluster's. Only the number, which the sender appends, is left to add.
+#[test]
+fn a_call_built_in_its_frame_is_the_numbered_call() {
+    use super::super::numbered::numbered;
+    use super::super::scripts::Frame;
+    use super::super::Sending;
+    use super::{command, command_spread};
+    let args = |cmd: &redis::Cmd| -> Vec<Vec<u8>> {
+        cmd.args_iter().map(|a| if let redis::Arg::Simple(a) = a { a.to_vec() } else { Vec::new() }).collect()
+    };
+    let one = [acquire("a")];
+    let several = [acquire("a"), release("b"), acquire("c")];
+    let builders: [fn(&[Op<'_>], Sending) -> redis::Cmd; 2] = [command, command_spread];
+    for (frame, cluster) in [(Frame::Numbered, false), (Frame::Sharded, true)] {
+        for by_source in [false, true] {
+            for ops in [&one[..], &several[..]] {
+                for build in builders {
+                    let plain = Sending { by_source, ..Sending::default() };
+                    let (rebuilt, call) = numbered(&build(ops, plain), cluster).expect("a call of ours");
+                    let framed = build(ops, Sending { frame: Some(frame), ..plain });
+                    let (rebuilt, framed) = (args(&rebuilt), args(&framed));
+                    assert_eq!(rebuilt.last().map(Vec::as_slice), Some(call.as_bytes()));
+                    assert_eq!(framed[..], rebuilt[..rebuilt.len() - 1], "{frame:?}, by source: {by_source}");
+                }
+            }
+        }
+    }
+}

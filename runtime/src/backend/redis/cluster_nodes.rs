@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::batch::{call_one, command_spread, Coalescer, Op, Reply, Transport};
 use super::link::Link;
 use super::scripts::RENEW_SPREAD;
-use super::{is_cluster_in_flux, millis, send_script, RedisBackend, RENEWALS_PER_CALL};
+use super::{is_cluster_in_flux, millis, send_framed_script, RedisBackend, RENEWALS_PER_CALL};
 use crate::backend::Renewal;
 use crate::LockError;
 
@@ -193,7 +193,7 @@ pub(super) struct NodeLink(Link);
 
 impl Transport for NodeLink {
     async fn call(&self, ops: &[Op<'_>]) -> redis::RedisResult<Value> {
-        send_script(&mut self.0.clone(), |sending| command_spread(ops, sending)).await
+        send_framed_script(&mut self.0.clone(), |sending| command_spread(ops, sending)).await
     }
 }
 

@@ -15,7 +15,7 @@ use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::time::Instant;
 
 use super::numbered::{is_out_of_step, numbered, numbered_pipeline, replies_to, reply_to};
-use super::scripts::LuaScript;
+use super::scripts::{Frame, LuaScript};
 
 /// A command connection of any kind, and its epoch; cheap to clone (each is a handle to multiplexed
 /// connections).
@@ -318,12 +318,18 @@ impl Link {
     /// The text of `script` as this connection sends it (for `SCRIPT LOAD`): the numbered variant on a
     /// connection that carries subscriptions, with SPUBLISH on a cluster.
     pub(super) fn script_source(&self, script: &LuaScript) -> &'static str {
+        script.sent_as(self.frame()).1
+    }
+
+    /// The frame this connection's script calls go in: none on one server's (or a simulated one), whose
+    /// subscriptions have a connection of their own; numbered where the connection carries them too.
+    pub(super) fn frame(&self) -> Option<Frame> {
         match &self.conn {
-            Conn::One(_) => script.source,
-            Conn::Cluster(_) => script.sharded.source,
-            Conn::Sentinel(_) => script.numbered.source,
+            Conn::One(_) => None,
+            Conn::Cluster(_) => Some(Frame::Sharded),
+            Conn::Sentinel(_) => Some(Frame::Numbered),
             #[cfg(feature = "simulation")]
-            Conn::Simulated(_) => script.source,
+            Conn::Simulated(_) => None,
         }
     }
 }
@@ -342,6 +348,16 @@ impl Link {
         } else {
             self.send_noted(cmd).await
         }
+    }
+
+    /// The script's own reply to `cmd`, a call built in this connection's frame whose number is `call`; a
+    /// reply that answers another call replaces the connection and is an out-of-step error.
+    pub(super) async fn send_framed(&mut self, cmd: &Cmd, call: &str) -> RedisResult<Value> {
+        let answer = reply_to(call, self.send_noted(cmd).await?);
+        if answer.as_ref().is_err_and(is_out_of_step) {
+            self.out_of_step();
+        }
+        answer
     }
 
     /// `cmd` sent as it is, and the epoch moved if the call failed in a way that may replace the connection.
@@ -407,12 +423,7 @@ impl Link {
     /// Whether the connection carries the subscriptions too (a cluster's, or the primary's behind Sentinel), so
     /// its script calls are numbered. One server's subscriptions have a connection of their own.
     fn carries_subscriptions(&self) -> bool {
-        match &self.conn {
-            Conn::One(_) => false,
-            #[cfg(feature = "simulation")]
-            Conn::Simulated(_) => false,
-            _ => true,
-        }
+        self.frame().is_some()
     }
 
     /// After a reply that answered another call: the connection's replies are out of step with its calls, so
@@ -433,13 +444,7 @@ impl ConnectionLike for Link {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let numbered = if self.carries_subscriptions() { numbered(cmd, self.is_cluster()) } else { None };
         let Some((numbered, call)) = numbered else { return self.send(cmd) };
-        Box::pin(async move {
-            let answer = reply_to(&call, self.send(&numbered).await?);
-            if answer.as_ref().is_err_and(is_out_of_step) {
-                self.out_of_step();
-            }
-            answer
-        })
+        Box::pin(async move { self.send_framed(&numbered, &call).await })
     }
 
     fn req_packed_commands<'a>(
@@ -473,6 +478,6 @@ impl ConnectionLike for Link {
 
 impl super::batch::Transport for Link {
     async fn call(&self, ops: &[super::batch::Op<'_>]) -> RedisResult<Value> {
-        super::send_script(&mut self.clone(), |sending| super::batch::command(ops, sending)).await
+        super::send_framed_script(&mut self.clone(), |sending| super::batch::command(ops, sending)).await
     }
 }

@@ -30,7 +30,7 @@ pub(super) fn numbered(cmd: &Cmd, cluster: bool) -> Option<(Cmd, String)> {
     } else {
         None
     }?;
-    let call = CALLS.fetch_add(1, Ordering::Relaxed).to_string();
+    let call = next_call();
     let mut numbered = Cmd::with_capacity(cmd.args_iter().len() + 1, 0);
     numbered.arg(name).arg(variant);
     for arg in args {
@@ -39,6 +39,11 @@ pub(super) fn numbered(cmd: &Cmd, cluster: bool) -> Option<(Cmd, String)> {
     }
     numbered.arg(&call);
     Some((numbered, call))
+}
+
+/// A new call's number, as it is sent.
+pub(super) fn next_call() -> String {
+    CALLS.fetch_add(1, Ordering::Relaxed).to_string()
 }
 
 /// The script's own reply, if `reply` answers `call`.

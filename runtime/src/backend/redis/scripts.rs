@@ -214,6 +214,26 @@ impl LuaScript {
     }
 }
 
+/// Which variant of a script a connection that numbers its calls runs (link.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Frame {
+    /// In the call-number frame ([`LuaScript::numbered`]).
+    Numbered,
+    /// In the frame, announcing with SPUBLISH ([`LuaScript::sharded`]): a cluster's.
+    Sharded,
+}
+
+impl LuaScript {
+    /// The SHA and the source a call sends: the script itself, or its variant in `frame`.
+    pub(super) fn sent_as(&self, frame: Option<Frame>) -> (&str, &'static str) {
+        match frame {
+            None => (&self.sha, self.source),
+            Some(Frame::Numbered) => (&self.numbered.sha, self.numbered.source),
+            Some(Frame::Sharded) => (&self.sharded.sha, self.sharded.source),
+        }
+    }
+}
+
 impl Numbered {
     fn new(source: String) -> Self {
         let source: &'static str = Box::leak(source.into_boxed_str());
