@@ -397,12 +397,7 @@ pub(super) fn command(ops: &[Op<'_>], sending: Sending) -> Cmd {
         _ => (&*BATCH, true),
     };
     let mut cmd = Cmd::with_capacity(5 + ops.len() * 5, 80 + 96 * ops.len());
-    let (sha, source) = script.sent_as(sending.frame);
-    if sending.by_source {
-        cmd.arg("EVAL").arg(source);
-    } else {
-        cmd.arg("EVALSHA").arg(sha);
-    }
+    sending.call(&mut cmd, script);
     cmd.arg(ops.len());
     for op in ops {
         cmd.arg(op.record());
@@ -469,12 +464,7 @@ fn write_batch_args(ops: &[Op<'_>], letters: &str, cmd: &mut Cmd) {
 pub(super) fn command_spread(ops: &[Op<'_>], sending: Sending) -> Cmd {
     let [first, _, ..] = ops else { return command(ops, sending) };
     let mut cmd = Cmd::with_capacity(6 + ops.len() * 6, 112 + 128 * ops.len());
-    let (sha, source) = BATCH_SPREAD.sent_as(sending.frame);
-    if sending.by_source {
-        cmd.arg("EVAL").arg(source);
-    } else {
-        cmd.arg("EVALSHA").arg(sha);
-    }
+    sending.call(&mut cmd, &BATCH_SPREAD);
     let letters = batch_letters(ops, sending.again);
     cmd.arg(1).arg(first.record()).arg(&letters);
     for op in ops {

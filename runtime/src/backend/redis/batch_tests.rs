@@ -527,12 +527,12 @@ fn a_call_built_in_its_frame_is_the_numbered_call() {
     let one = [acquire("a")];
     let several = [acquire("a"), release("b"), acquire("c")];
     let builders: [fn(&[Op<'_>], Sending) -> redis::Cmd; 2] = [command, command_spread];
-    for (frame, cluster) in [(Frame::Numbered, false), (Frame::Sharded, true)] {
+    for frame in [Frame::Numbered, Frame::Sharded] {
         for by_source in [false, true] {
             for ops in [&one[..], &several[..]] {
                 for build in builders {
                     let plain = Sending { by_source, ..Sending::default() };
-                    let (rebuilt, call) = numbered(&build(ops, plain), cluster).expect("a call of ours");
+                    let (rebuilt, call) = numbered(&build(ops, plain), frame).expect("a call of ours");
                     let framed = build(ops, Sending { frame: Some(frame), ..plain });
                     let (rebuilt, framed) = (args(&rebuilt), args(&framed));
                     assert_eq!(rebuilt.last().map(Vec::as_slice), Some(call.as_bytes()));

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::batch::{call_one, command_spread, Coalescer, Op, Reply, Transport};
 use super::link::Link;
 use super::scripts::RENEW_SPREAD;
-use super::{is_cluster_in_flux, millis, send_framed_script, RedisBackend, RENEWALS_PER_CALL};
+use super::{is_cluster_in_flux, millis, send_script, RedisBackend, RENEWALS_PER_CALL};
 use crate::backend::Renewal;
 use crate::LockError;
 
@@ -171,13 +171,9 @@ impl RedisBackend {
         items: &[Renewal<'_>],
         indices: Vec<usize>,
     ) -> (Vec<usize>, Vec<Result<bool, LockError>>) {
-        self.renewal_call(items, indices, |indices, by_source| {
-            let mut cmd = Cmd::with_capacity(4 + 3 * indices.len(), 96 * indices.len());
-            if by_source {
-                cmd.arg("EVAL").arg(RENEW_SPREAD.source);
-            } else {
-                cmd.arg("EVALSHA").arg(&RENEW_SPREAD.sha);
-            }
+        self.renewal_call(items, indices, |indices, sending| {
+            let mut cmd = Cmd::with_capacity(5 + 3 * indices.len(), 96 * indices.len());
+            sending.call(&mut cmd, &RENEW_SPREAD);
             cmd.arg(1).arg(&items[indices[0]].keys.record);
             for &i in indices {
                 cmd.arg(&items[i].keys.record).arg(items[i].token.as_str()).arg(millis(items[i].ttl));
@@ -193,7 +189,7 @@ pub(super) struct NodeLink(Link);
 
 impl Transport for NodeLink {
     async fn call(&self, ops: &[Op<'_>]) -> redis::RedisResult<Value> {
-        send_framed_script(&mut self.0.clone(), |sending| command_spread(ops, sending)).await
+        send_script(&mut self.0.clone(), |sending| command_spread(ops, sending)).await
     }
 }
 

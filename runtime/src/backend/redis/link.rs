@@ -339,17 +339,6 @@ impl Link {
         Box::pin(self.send_noted(cmd))
     }
 
-    /// The reply to `cmd`, as [`req_packed_command`](ConnectionLike::req_packed_command) gives it; on a
-    /// connection whose calls are not numbered (one server's, or a simulated one) without the box that call
-    /// wraps around each command: one allocation a script call less on the lock path.
-    pub(super) async fn send_packed(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        if self.carries_subscriptions() {
-            self.req_packed_command(cmd).await
-        } else {
-            self.send_noted(cmd).await
-        }
-    }
-
     /// The script's own reply to `cmd`, a call built in this connection's frame whose number is `call`; a
     /// reply that answers another call replaces the connection and is an out-of-step error.
     pub(super) async fn send_framed(&mut self, cmd: &Cmd, call: &str) -> RedisResult<Value> {
@@ -361,7 +350,9 @@ impl Link {
     }
 
     /// `cmd` sent as it is, and the epoch moved if the call failed in a way that may replace the connection.
-    async fn send_noted(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+    /// Script calls on a connection without a frame go this way, without the box [`send`](Self::send) puts
+    /// around each command: one allocation a call less on the lock path.
+    pub(super) async fn send_noted(&mut self, cmd: &Cmd) -> RedisResult<Value> {
         let epoch = self.per_call_epoch();
         let result = self.send_on_conn(cmd).await;
         if let Some(epoch) = &epoch {
@@ -420,12 +411,6 @@ impl Link {
         }
     }
 
-    /// Whether the connection carries the subscriptions too (a cluster's, or the primary's behind Sentinel), so
-    /// its script calls are numbered. One server's subscriptions have a connection of their own.
-    fn carries_subscriptions(&self) -> bool {
-        self.frame().is_some()
-    }
-
     /// After a reply that answered another call: the connection's replies are out of step with its calls, so
     /// it is replaced.
     fn out_of_step(&self) {
@@ -442,7 +427,7 @@ impl Link {
 
 impl ConnectionLike for Link {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let numbered = if self.carries_subscriptions() { numbered(cmd, self.is_cluster()) } else { None };
+        let numbered = self.frame().and_then(|frame| numbered(cmd, frame));
         let Some((numbered, call)) = numbered else { return self.send(cmd) };
         Box::pin(async move { self.send_framed(&numbered, &call).await })
     }
@@ -453,7 +438,7 @@ impl ConnectionLike for Link {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        let numbered = if self.carries_subscriptions() { numbered_pipeline(cmd, self.is_cluster()) } else { None };
+        let numbered = self.frame().and_then(|frame| numbered_pipeline(cmd, frame));
         let Some((pipeline, calls)) = numbered else { return self.send_all(cmd, offset, count) };
         Box::pin(async move {
             let answers = replies_to(&calls, offset, self.send_all(&pipeline, offset, count).await?);
@@ -478,6 +463,6 @@ impl ConnectionLike for Link {
 
 impl super::batch::Transport for Link {
     async fn call(&self, ops: &[super::batch::Op<'_>]) -> RedisResult<Value> {
-        super::send_framed_script(&mut self.clone(), |sending| super::batch::command(ops, sending)).await
+        super::send_script(&mut self.clone(), |sending| super::batch::command(ops, sending)).await
     }
 }

@@ -164,13 +164,9 @@ impl RedisBackend {
             .into_values()
             .flat_map(|indices| indices.chunks(RENEWALS_PER_CALL).map(<[usize]>::to_vec).collect::<Vec<_>>());
         let calls = calls.map(|indices| {
-            self.renewal_call(items, indices, |indices, by_source| {
+            self.renewal_call(items, indices, |indices, sending| {
                 let mut cmd = Cmd::new();
-                if by_source {
-                    cmd.arg("EVAL").arg(RENEW_MANY.source);
-                } else {
-                    cmd.arg("EVALSHA").arg(&RENEW_MANY.sha);
-                }
+                sending.call(&mut cmd, &RENEW_MANY);
                 cmd.arg(indices.len());
                 for &i in indices {
                     cmd.arg(&items[i].keys.record);
@@ -193,17 +189,17 @@ impl RedisBackend {
             .collect()
     }
 
-    /// One renewal call (`build(indices, by_source)`) for the locks `indices` of `items`, all on one node, then
+    /// One renewal call (`build(indices, sending)`) for the locks `indices` of `items`, all on one node, then
     /// the `WAIT` on that node when replicas must acknowledge: each lock's outcome, in `indices`' order.
     async fn renewal_call(
         &self,
         items: &[Renewal<'_>],
         indices: Vec<usize>,
-        build: impl Fn(&[usize], bool) -> Cmd,
+        build: impl Fn(&[usize], Sending) -> Cmd,
     ) -> (Vec<usize>, Vec<Result<bool, LockError>>) {
         let mut conn = self.commands.clone();
         let epoch = conn.epoch();
-        let reply: redis::RedisResult<Value> = send_script(&mut conn, |s| build(&indices, s.by_source)).await;
+        let reply: redis::RedisResult<Value> = send_script(&mut conn, |sending| build(&indices, sending)).await;
         let mut results = Vec::with_capacity(indices.len());
         renewal_results(reply, indices.len(), &mut results);
         let shortfall = match results.iter().any(|r| matches!(r, Ok(true))) {
@@ -255,14 +251,9 @@ impl RedisBackend {
         build: impl Fn(&mut Cmd),
     ) -> Result<T, LockError> {
         let mut conn = self.commands.clone();
-        send_framed_script(&mut conn, |sending| {
+        send_script(&mut conn, |sending| {
             let mut cmd = Cmd::with_capacity(12, 256);
-            let (sha, source) = script.sent_as(sending.frame);
-            if sending.by_source {
-                cmd.arg("EVAL").arg(source);
-            } else {
-                cmd.arg("EVALSHA").arg(sha);
-            }
+            sending.call(&mut cmd, script);
             build(&mut cmd);
             cmd
         })
@@ -373,15 +364,13 @@ impl Store for RedisBackend {
         if self.commands.is_cluster() {
             return Ok(self.renew_on_cluster(items).await);
         }
+        // Unframed: on a connection that numbers its calls (Sentinel's), the link numbers the pipeline's.
         let pipeline = |by_source: bool| {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
             for chunk in items.chunks(RENEWALS_PER_CALL) {
-                let cmd = if by_source {
-                    pipe.cmd("EVAL").arg(RENEW_MANY.source)
-                } else {
-                    pipe.cmd("EVALSHA").arg(&RENEW_MANY.sha)
-                };
+                let mut cmd = Cmd::with_capacity(3 + 3 * chunk.len(), 96 * chunk.len());
+                Sending { by_source, ..Sending::default() }.call(&mut cmd, &RENEW_MANY);
                 cmd.arg(chunk.len());
                 for item in chunk {
                     cmd.arg(&item.keys.record);
@@ -389,6 +378,7 @@ impl Store for RedisBackend {
                 for item in chunk {
                     cmd.arg(item.token.as_str()).arg(millis(item.ttl));
                 }
+                pipe.add_command(cmd);
             }
             pipe
         };
@@ -497,36 +487,34 @@ pub(super) struct Sending {
     pub(super) by_source: bool,
     pub(super) again: bool,
     /// The call-number frame the call is built in, on a connection that numbers its calls (link.rs): the
-    /// builder picks the script's variant ([`LuaScript::sent_as`]) and [`send_framed_script`] appends the number,
-    /// so the call is not rebuilt on its way out.
+    /// builder starts it with [`call`](Self::call) and [`send_script`] appends the number, so the call is not
+    /// rebuilt on its way out.
     frame: Option<Frame>,
+}
+
+impl Sending {
+    /// Starts `cmd` as a call of `script` sent this way: EVALSHA and its SHA, or EVAL and its source, of the
+    /// script itself or of its variant in the frame.
+    fn call(self, cmd: &mut Cmd, script: &LuaScript) {
+        let (sha, source) = script.sent_as(self.frame);
+        if self.by_source {
+            cmd.arg("EVAL").arg(source);
+        } else {
+            cmd.arg("EVALSHA").arg(sha);
+        }
+    }
 }
 
 /// Sends the script call `build` makes (EVALSHA; EVAL with the source when asked `by_source`): once more at
 /// once if the connection had dropped (the manager reconnects on the failed call), and as EVAL if the server
 /// lost its script cache. Every script is keyed by the grants' tokens, so a repeat is safe: a repeated
 /// acquire finds its own grant, a repeated release its own release.
+///
+/// `build` starts its call with [`Sending::call`]: on a connection that numbers its calls, the call is built in
+/// the frame and numbered here (rebuilding it as its numbered variant on the way out, as the link does for other
+/// commands, cost a scan of the scripts and a copy of every argument: about 1.3k client instructions a call).
 async fn send_script<T: FromRedisValue>(conn: &mut Link, build: impl Fn(Sending) -> Cmd) -> redis::RedisResult<T> {
-    send_script_in(conn, build, None).await
-}
-
-/// [`send_script`] for a builder that honours [`Sending::frame`]: on a connection that numbers its calls, the
-/// call is built in the frame and numbered here, where [`send_script`]'s is rebuilt as its numbered variant (a
-/// scan of the scripts and a copy of every argument, about 1.3k client instructions a call).
-async fn send_framed_script<T: FromRedisValue>(
-    conn: &mut Link,
-    build: impl Fn(Sending) -> Cmd,
-) -> redis::RedisResult<T> {
-    let frame = conn.frame();
-    send_script_in(conn, build, frame).await
-}
-
-async fn send_script_in<T: FromRedisValue>(
-    conn: &mut Link,
-    build: impl Fn(Sending) -> Cmd,
-    frame: Option<Frame>,
-) -> redis::RedisResult<T> {
-    let mut sending = Sending { frame, ..Sending::default() };
+    let mut sending = Sending { frame: conn.frame(), ..Sending::default() };
     let mut reply = query(conn, &build, sending).await;
     if reply.as_ref().is_err_and(redis::RedisError::is_connection_dropped) {
         sending.again = true;
@@ -557,7 +545,7 @@ async fn query<T: FromRedisValue>(
 ) -> redis::RedisResult<T> {
     let mut cmd = build(sending);
     let value = match sending.frame {
-        None => conn.send_packed(&cmd).await?,
+        None => conn.send_noted(&cmd).await?,
         Some(_) => {
             let call = numbered::next_call();
             cmd.arg(&call);

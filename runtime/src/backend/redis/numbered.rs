@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis::{Arg, Cmd, Pipeline, RedisError, RedisResult, Value};
 
-use super::scripts::{self, LuaScript};
+use super::scripts::{self, Frame};
 
 /// On a connection that also carries subscriptions, script calls are numbered: each carries its number as its
 /// last argument, and its script (in the call-number frame, scripts.rs `CALL_FRAME`) hands the number back
@@ -17,16 +17,18 @@ use super::scripts::{self, LuaScript};
 /// to the call after its own — a waiter received another's grant, and two tasks held one lock.
 static CALLS: AtomicU64 = AtomicU64::new(1);
 
-/// `cmd` as a numbered call of the same script (its variant in the call-number frame; on a `cluster`, the one
-/// that announces with SPUBLISH), if it is a call of one of our scripts, and its number.
-pub(super) fn numbered(cmd: &Cmd, cluster: bool) -> Option<(Cmd, String)> {
+/// `cmd` as a numbered call of the same script (its variant in `frame`: on a cluster's, the one that announces
+/// with SPUBLISH), if it is a call of one of our scripts, and its number. Script calls are built in their frame
+/// (`Sending::call`); this numbers what is not, such as a pipeline's calls.
+pub(super) fn numbered(cmd: &Cmd, frame: Frame) -> Option<(Cmd, String)> {
     let mut args = cmd.args_iter();
     let (Some(Arg::Simple(name)), Some(Arg::Simple(script))) = (args.next(), args.next()) else { return None };
-    let variant = |s: &'static LuaScript| if cluster { &s.sharded } else { &s.numbered };
     let variant = if name.eq_ignore_ascii_case(b"EVALSHA") {
-        scripts::all_scripts().into_iter().find(|s| s.sha.as_bytes() == script).map(|s| variant(s).sha.as_bytes())
+        let ours = scripts::all_scripts().into_iter().find(|s| s.sha.as_bytes() == script);
+        ours.map(|s| s.sent_as(Some(frame)).0.as_bytes())
     } else if name.eq_ignore_ascii_case(b"EVAL") {
-        scripts::all_scripts().into_iter().find(|s| s.source.as_bytes() == script).map(|s| variant(s).source.as_bytes())
+        let ours = scripts::all_scripts().into_iter().find(|s| s.source.as_bytes() == script);
+        ours.map(|s| s.sent_as(Some(frame)).1.as_bytes())
     } else {
         None
     }?;
@@ -73,11 +75,11 @@ pub(super) fn reply_to(call: &str, reply: Value) -> RedisResult<Value> {
 
 /// `pipeline` with each call of our scripts numbered ([`numbered`]), and each command's number (`None` for a
 /// command left as it was); `None` if it calls none of our scripts.
-pub(super) fn numbered_pipeline(pipeline: &Pipeline, cluster: bool) -> Option<(Pipeline, Vec<Option<String>>)> {
+pub(super) fn numbered_pipeline(pipeline: &Pipeline, frame: Frame) -> Option<(Pipeline, Vec<Option<String>>)> {
     let mut numbered_pipeline = redis::pipe();
     let mut calls = Vec::new();
     for c in pipeline.cmd_iter() {
-        match numbered(c, cluster) {
+        match numbered(c, frame) {
             Some((numbered, call)) => {
                 numbered_pipeline.add_command(numbered);
                 calls.push(Some(call));
@@ -145,21 +147,22 @@ mod tests {
         let script = &*scripts::RELEASE;
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha.arg(&script.sha).arg(1).arg("key").arg("token");
-        let (numbered_call, call) = numbered(&evalsha, false).expect("a call of a script of ours is numbered");
+        let (numbered_call, call) =
+            numbered(&evalsha, Frame::Numbered).expect("a call of a script of ours is numbered");
         let sent = args(&numbered_call);
         assert_eq!(sent[1], script.numbered.sha.as_bytes(), "the same script in the call-number frame");
         assert_eq!(sent[2..5], args(&evalsha)[2..], "the same keys and arguments");
         assert_eq!(sent.last().map(Vec::as_slice), Some(call.as_bytes()), "the number is the last argument");
-        let (_, next) = numbered(&evalsha, false).expect("numbered");
+        let (_, next) = numbered(&evalsha, Frame::Numbered).expect("numbered");
         assert_ne!(call, next, "every call gets its own number");
 
         let mut eval = redis::cmd("eval");
         eval.arg(script.source).arg(1).arg("key").arg("token");
-        let (numbered_eval, _) = numbered(&eval, false).expect("EVAL in any case");
+        let (numbered_eval, _) = numbered(&eval, Frame::Numbered).expect("EVAL in any case");
         assert_eq!(args(&numbered_eval)[1], script.numbered.source.as_bytes());
 
-        assert!(numbered(&redis::cmd("WAIT"), false).is_none());
-        assert!(numbered(redis::cmd("EVAL").arg("return 1").arg(0), false).is_none(), "not a script of ours");
+        assert!(numbered(&redis::cmd("WAIT"), Frame::Numbered).is_none());
+        assert!(numbered(redis::cmd("EVAL").arg("return 1").arg(0), Frame::Numbered).is_none(), "not a script of ours");
     }
 
     /// On a cluster the numbered call runs the variant that announces with SPUBLISH, by SHA and by source.
@@ -168,14 +171,14 @@ mod tests {
         let script = &*scripts::RELEASE;
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha.arg(&script.sha).arg(1).arg("key").arg("token");
-        let (sharded, call) = numbered(&evalsha, true).expect("numbered on a cluster");
+        let (sharded, call) = numbered(&evalsha, Frame::Sharded).expect("numbered on a cluster");
         let sent = args(&sharded);
         assert_eq!(sent[1], script.sharded.sha.as_bytes());
         assert_eq!(sent[2..5], args(&evalsha)[2..], "the same keys and arguments");
         assert_eq!(sent.last().map(Vec::as_slice), Some(call.as_bytes()), "the number is the last argument");
         let mut eval = redis::cmd("EVAL");
         eval.arg(script.source).arg(1).arg("key").arg("token");
-        let (sharded_eval, _) = numbered(&eval, true).expect("EVAL on a cluster");
+        let (sharded_eval, _) = numbered(&eval, Frame::Sharded).expect("EVAL on a cluster");
         assert_eq!(args(&sharded_eval)[1], script.sharded.source.as_bytes());
     }
 
@@ -248,18 +251,18 @@ mod tests {
     fn a_pipeline_numbers_the_calls_of_our_scripts() {
         let mut pipeline = redis::pipe();
         pipeline.add_command(renew_many_call()).add_command(redis::cmd("PING")).add_command(renew_many_call());
-        let (numbered, calls) = numbered_pipeline(&pipeline, false).expect("numbered");
+        let (numbered, calls) = numbered_pipeline(&pipeline, Frame::Numbered).expect("numbered");
         assert!(calls[0].is_some() && calls[1].is_none() && calls[2].is_some(), "{calls:?}");
         let sent: Vec<Vec<Vec<u8>>> = numbered.cmd_iter().map(args).collect();
         assert_eq!(sent[0][1], scripts::RENEW_MANY.numbered.sha.as_bytes());
         assert_eq!(sent[1], args(&redis::cmd("PING")));
         assert_eq!(sent[2].last().map(Vec::as_slice), calls[2].as_ref().map(|c| c.as_bytes()));
-        let (sharded, _) = numbered_pipeline(&pipeline, true).expect("numbered on a cluster");
+        let (sharded, _) = numbered_pipeline(&pipeline, Frame::Sharded).expect("numbered on a cluster");
         assert_eq!(sharded.cmd_iter().next().map(args).expect("first")[1], scripts::RENEW_MANY.sharded.sha.as_bytes());
 
         let mut others = redis::pipe();
         others.add_command(redis::cmd("PING")).add_command(redis::cmd("EVAL").arg("return 1").arg(0).clone());
-        assert!(numbered_pipeline(&others, false).is_none(), "nothing of ours to number");
+        assert!(numbered_pipeline(&others, Frame::Numbered).is_none(), "nothing of ours to number");
     }
 
     /// A pipeline's replies from `offset` on answer its calls from there; one out of step fails them all. A

@@ -212,6 +212,15 @@ impl LuaScript {
         let source: &'static str = Box::leak(body.into_boxed_str());
         Self { source, sha: redis::Script::new(source).get_hash().to_owned(), numbered, sharded }
     }
+
+    /// The SHA and the source a call sends: the script itself, or its variant in `frame`.
+    pub(super) fn sent_as(&self, frame: Option<Frame>) -> (&str, &'static str) {
+        match frame {
+            None => (&self.sha, self.source),
+            Some(Frame::Numbered) => (&self.numbered.sha, self.numbered.source),
+            Some(Frame::Sharded) => (&self.sharded.sha, self.sharded.source),
+        }
+    }
 }
 
 /// Which variant of a script a connection that numbers its calls runs (link.rs).
@@ -221,17 +230,6 @@ pub(super) enum Frame {
     Numbered,
     /// In the frame, announcing with SPUBLISH ([`LuaScript::sharded`]): a cluster's.
     Sharded,
-}
-
-impl LuaScript {
-    /// The SHA and the source a call sends: the script itself, or its variant in `frame`.
-    pub(super) fn sent_as(&self, frame: Option<Frame>) -> (&str, &'static str) {
-        match frame {
-            None => (&self.sha, self.source),
-            Some(Frame::Numbered) => (&self.numbered.sha, self.numbered.source),
-            Some(Frame::Sharded) => (&self.sharded.sha, self.sharded.source),
-        }
-    }
 }
 
 impl Numbered {
