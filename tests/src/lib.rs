@@ -5,7 +5,8 @@
 //! another process ([`agent`]), event logs and an overlap checker ([`events`]), a fenced store and a lost-update
 //! counter ([`store`]), `MONITOR` recording ([`monitor`]), captured `tracing` output ([`logs`]), held locks'
 //! renewals watched from outside ([`renewals`]), a client runtime to freeze ([`stall`]), the [`checker`] users
-//! can run against their own Redis, and the randomized fault [`soak`]'s event log and history checker.
+//! can run against their own Redis, and the randomized fault [`soak`]'s event log and history checker, and [`wall_clock`], which runs a
+//! scenario again when the machine's wall clock stepped while it failed.
 
 pub mod agent;
 pub mod checker;
@@ -29,6 +30,7 @@ pub mod soak;
 pub mod stall;
 pub mod store;
 pub mod sys;
+pub mod wall_clock;
 
 pub use fixture::{
     acquire_after_recovery, busy_for_outsiders, eventually, within, Backend, Counter, Fixture, RawConnection,
@@ -121,7 +123,10 @@ macro_rules! backend_tests {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    super::$name($crate::Fixture::$fixture().await).await
+                    $crate::wall_clock::again_if_the_wall_clock_stepped(|| async {
+                        super::$name($crate::Fixture::$fixture().await).await
+                    })
+                    .await
                 }
             )*
         }
