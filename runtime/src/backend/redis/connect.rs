@@ -47,6 +47,38 @@ impl RedisBackend {
         Self::checked(server, commands, hot, subscriber, Default::default(), settings).await
     }
 
+    /// As [`connect`](Self::connect), for a server of a Redlock group, where a minority may be down: a server that
+    /// cannot be reached now (the connection failed or timed out) is given back with that error, as a backend that
+    /// connects at its calls until the server answers, unprobed. Every other error (a URL, a password, a right,
+    /// a cluster node) is returned as `connect` returns it.
+    pub(crate) async fn connect_or_later(
+        url: &str,
+        settings: ConnectSettings<'_>,
+    ) -> Result<Result<Self, (Self, BackendError)>, LockError> {
+        match Self::connect(url, settings).await {
+            Ok(backend) => Ok(Ok(backend)),
+            Err(LockError::Backend(e)) if e.is_transient() => Ok(Err((Self::later(url, settings)?, e))),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A backend for the server at `url` that connects at its first call (the redis crate's lazy connection
+    /// manager, which tries again at each call after one fails), unprobed: [`connect_or_later`](Self::connect_or_later)'s
+    /// server that did not answer.
+    fn later(url: &str, settings: ConnectSettings<'_>) -> Result<Self, LockError> {
+        let server = redact_url(url);
+        let info = connection_info(url, &server)?;
+        let client = redis::Client::open(info.clone()).map_err(|e| url_error(&server, &e))?;
+        let commands = ConnectionManager::new_lazy_with_config(client, manager_config(settings.timeouts))
+            .map_err(|e| url_error(&server, &e))?;
+        let resp3 = info.clone().set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
+        let epoch = Epoch::default();
+        let subscriber = Subscriber::new(resp3, settings.timeouts, epoch.clone());
+        let commands = Link::new(Conn::One(commands), epoch);
+        let hot = Hot::Coalesced(Coalescer::new(commands.clone()));
+        Ok(Self::assembled(server, commands, hot, subscriber, Default::default(), settings))
+    }
+
     /// Connects to a Redis Cluster through `seeds` (any of its nodes) and checks it as [`connect`](Self::connect)
     /// checks one server. One RESP3 cluster connection carries the scripts and the subscriptions.
     pub(crate) async fn connect_cluster(seeds: &[String], settings: ConnectSettings<'_>) -> Result<Self, LockError> {
@@ -174,10 +206,22 @@ impl RedisBackend {
         node_map: Arc<NodeMap>,
         settings: ConnectSettings<'_>,
     ) -> Result<Self, LockError> {
-        let (replicas, owner) = (settings.replicas, settings.owner.into());
-        let backend = Self { server, commands, hot, subscriber, replicas, owner, plain: None, node_map };
+        let backend = Self::assembled(server, commands, hot, subscriber, node_map, settings);
         backend.probe(settings.prefix).await?;
         Ok(backend)
+    }
+
+    /// The backend made of these parts, with the settings' replicas and owner.
+    fn assembled(
+        server: String,
+        commands: Link,
+        hot: Hot,
+        subscriber: Subscriber,
+        node_map: Arc<NodeMap>,
+        settings: ConnectSettings<'_>,
+    ) -> Self {
+        let (replicas, owner) = (settings.replicas, settings.owner.into());
+        Self { server, commands, hot, subscriber, replicas, owner, plain: None, node_map }
     }
 
     async fn probe(&self, prefix: &str) -> Result<(), LockError> {

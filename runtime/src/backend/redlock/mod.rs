@@ -76,9 +76,10 @@ enum Verdict {
 }
 
 impl RedlockBackend {
-    /// Connects to every server in `urls` (each checked as [`RedisBackend::connect`] checks one). Refuses a
-    /// count that is not odd and at least 3, a URL given twice (it would vote twice), and
-    /// `wait_for_replicas` (the servers are independent primaries).
+    /// Connects to every server in `urls` (each checked as [`RedisBackend::connect`] checks one); a minority that
+    /// cannot be reached is connected to later (a warning names each). Refuses a count that is not odd and at
+    /// least 3, a URL given twice (it would vote twice), `wait_for_replicas` (the servers are independent
+    /// primaries), and a group of which no majority answers (the first silent server's error).
     pub(crate) async fn connect(urls: &[String], settings: ConnectSettings<'_>) -> Result<Self, LockError> {
         let names = urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>().join(", ");
         if urls.len() < 3 || urls.len().is_multiple_of(2) {
@@ -103,13 +104,39 @@ impl RedlockBackend {
             )));
         }
         let connected =
-            futures_util::future::join_all(urls.iter().map(|url| RedisBackend::connect(url, settings))).await;
+            futures_util::future::join_all(urls.iter().map(|url| RedisBackend::connect_or_later(url, settings))).await;
         let mark = restart::mark_key(settings.prefix);
-        let servers = connected
-            .into_iter()
-            .map(|c| c.map(|server| Arc::new(server.plain(&mark))))
-            .collect::<Result<Vec<_>, _>>()?;
-        restart::mark_fresh_group(&servers).await?;
+        let (mut servers, mut silent) = (Vec::with_capacity(urls.len()), Vec::new());
+        for server in connected {
+            let server = match server? {
+                Ok(server) => server,
+                Err((server, error)) => {
+                    silent.push(error);
+                    server
+                }
+            };
+            servers.push(Arc::new(server.plain(&mark)));
+        }
+        let answered = urls.len() - silent.len();
+        let quorum = urls.len() / 2 + 1;
+        if answered < quorum {
+            let note = format!(
+                "{answered} of {} Redlock servers answered, and a client is built while a majority ({quorum}) does",
+                urls.len()
+            );
+            return Err(silent.swap_remove(0).with_note(&note).into());
+        }
+        for error in &silent {
+            // A minority down is what Redlock is for: the client counts on the others, and connects to this one
+            // at each call until it answers.
+            tracing::warn!(
+                server = %error.server(),
+                %error,
+                "distlock: a Redlock server did not answer while the client was built; locks are taken on the \
+                 others, and this one counts again once it answers"
+            );
+        }
+        restart::mark_fresh_group(&servers, !silent.is_empty()).await?;
         let (unfinished, live) = (Unfinished::default(), Live::default());
         Ok(Self { servers, unfinished, live, names, response: settings.timeouts.response })
     }

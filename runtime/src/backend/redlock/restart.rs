@@ -18,8 +18,9 @@
 //! - no holder of the lock uses a longer lease than the acquirer's ttl (the same ttl for a key everywhere,
 //!   and no `extend` beyond it); a longer one is covered only once the mark is that old;
 //! - the server's clock does not jump (it dates the mark, as it expires the records);
-//! - a group is taken for a new one when a client built on it finds no server marked (`mark_fresh_group`): a
-//!   group every server of which lost its state before any client asked it for a lock looks the same.
+//! - a group is taken for a new one when a client built on it finds no server marked, every server answering
+//!   (`mark_fresh_group`): a group every server of which lost its state before any client asked it for a lock
+//!   looks the same.
 //!
 //! The holder's side is renewal.rs: its renewals take the lock again where its record is gone, so it stands on
 //! the restarted server again (and on any server that freed meanwhile) and keeps its majority.
@@ -39,7 +40,15 @@ pub(super) fn mark_key(prefix: &str) -> String {
 /// A new group (no server has a mark) is marked as if its state began long ago: none of its servers can have
 /// lost a record anyone counts on. A group where some server has one is left alone: an unmarked server there
 /// lost its keys, and its first grant marks it, young.
-pub(super) async fn mark_fresh_group(servers: &[Arc<RedisBackend>]) -> Result<(), LockError> {
+///
+/// A client built while a server is `silent` (it did not answer) leaves the group alone: the silent one may
+/// have a mark, which would make the unmarked ones servers that lost their keys, and marking them old could
+/// count a record they lost. Unmarked servers are then marked young by their first grants, so a new group
+/// with a server down grants its first lock a ttl late.
+pub(super) async fn mark_fresh_group(servers: &[Arc<RedisBackend>], silent: bool) -> Result<(), LockError> {
+    if silent {
+        return Ok(());
+    }
     let marked = futures_util::future::join_all(servers.iter().map(|s| s.has_state_mark())).await;
     if marked.into_iter().collect::<Result<Vec<bool>, _>>()?.contains(&true) {
         return Ok(());

@@ -1,0 +1,134 @@
+//! Building a Redlock client while servers are down: a minority down is what Redlock is for, so the client is
+//! built, warns, takes locks on the others and counts the silent server once it answers; a majority down fails
+//! the build; and a client built with a server down never takes the group for a new one.
+
+use distlock::{BackendErrorKind, Client, LockError, ReleaseOutcome};
+use distlock_tests::logs;
+use distlock_tests::time::{ms, secs};
+use distlock_tests::{eventually, within, Fixture, RedisServer};
+use redis::AsyncCommands;
+use tokio::time::Instant;
+use tracing::Level;
+
+/// A fresh connection to each of `fixture`'s Redlock servers that is running (a restarted server's old one is
+/// gone; a killed one has none).
+async fn live_connections(fixture: &Fixture) -> Vec<redis::aio::MultiplexedConnection> {
+    let mut conns = Vec::new();
+    for server in fixture.redlock_servers() {
+        let client = redis::Client::open(server.url()).expect("URL");
+        if let Ok(Ok(conn)) = tokio::time::timeout(secs(1), client.get_multiplexed_async_connection()).await {
+            conns.push(conn);
+        }
+    }
+    conns
+}
+
+/// How many of `fixture`'s Redlock servers have `key`.
+async fn servers_with(fixture: &Fixture, key: &str) -> usize {
+    let mut n = 0;
+    for mut conn in live_connections(fixture).await {
+        n += usize::from(conn.exists::<_, bool>(key).await.expect("EXISTS"));
+    }
+    n
+}
+
+/// A group in use (its servers marked), one server down: the client is built at once, warns naming that
+/// server, and takes locks on the other two without delay; once the server is back (empty), the holder's
+/// renewals stand on it too, and the release frees the lock there as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_down_at_build_is_warned_of_and_counted_once_it_answers() {
+    let captured = logs::capture();
+    let mut fixture = Fixture::redlock().await;
+    fixture.redlock_server_mut(0).kill();
+    let silent = fixture.redlock_servers().next().expect("server 0").url();
+
+    let client = within(secs(10), "build with one of three down", fixture.other_client()).await;
+    let warned = captured.matching(Level::WARN, &["did not answer while the client was built", &silent]);
+    assert_eq!(warned.len(), 1, "no warning names {silent}:\n{}", captured.dump());
+
+    let ttl = ms(900);
+    let started = Instant::now();
+    let guard = client.lock("minority").ttl(ttl).acquire().await.expect("two of three grant");
+    assert!(started.elapsed() < ttl, "the answering servers did not count at once: {:?}", started.elapsed());
+    let record = client.record_key("minority");
+    assert_eq!(servers_with(&fixture, &record).await, 2);
+
+    fixture.redlock_server_mut(0).restart();
+    eventually(secs(10), "the holder's record on the server that came back", || async {
+        servers_with(&fixture, &record).await == 3
+    })
+    .await;
+    assert!(!guard.is_lost(), "the lock was lost while a server came back");
+    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+    eventually(secs(5), "the record freed on every server", || async {
+        let mut freed = 0;
+        for mut conn in live_connections(&fixture).await {
+            freed += usize::from(distlock_tests::record_is_free(&mut conn, &record).await);
+        }
+        freed == 3
+    })
+    .await;
+}
+
+/// The schedule a client built with a server down must not open: the holder stands on A, B and C; A and B
+/// restart empty and C goes down before the holder's next renewal. A client built now finds no mark on A and B;
+/// were it to take the group for a new one and mark them settled, their grants would count and it would hold
+/// the lock beside the holder. Left unmarked, their grants mark them young and do not count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_built_with_a_server_down_does_not_take_emptied_servers_for_a_new_group() {
+    let mut fixture = Fixture::redlock().await;
+    // Renewed every 10 s: not before the end of the test.
+    let holder = fixture.client().lock("held").ttl(secs(30)).acquire().await.expect("acquire");
+    let record = fixture.client().record_key("held");
+    eventually(secs(5), "the record on all three servers", || async { servers_with(&fixture, &record).await == 3 })
+        .await;
+    fixture.redlock_server_mut(0).restart();
+    fixture.redlock_server_mut(1).restart();
+    fixture.redlock_server_mut(2).kill();
+    assert_eq!(servers_with(&fixture, &record).await, 0, "the holder's record survived");
+
+    let late = within(secs(10), "build with one of three down", fixture.other_client()).await;
+    // Busy, or an error naming the young servers: either way not granted.
+    let attempt = late.lock("held").try_acquire().await;
+    assert!(
+        !matches!(attempt, Ok(Some(_))),
+        "a client built with a server down took the lock beside a valid holder: {attempt:?}"
+    );
+    assert!(!holder.is_lost());
+}
+
+/// A new group with one server down: nothing tells whether the silent server holds a mark, so the answering
+/// ones are not marked settled; their first grants mark them young, and the first lock is granted a ttl later
+/// (a wait longer than the ttl gets it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_group_with_a_server_down_grants_its_first_lock_a_ttl_late() {
+    let mut servers = [RedisServer::new(), RedisServer::new(), RedisServer::new()];
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    servers[2].kill();
+    let client = within(secs(10), "build", Client::builder().redlock(urls).build()).await.expect("build");
+    let ttl = secs(1);
+    let started = Instant::now();
+    let guard = client.lock("first").ttl(ttl).wait(secs(10)).acquire().await.expect("granted within the wait");
+    let took = started.elapsed();
+    // The marks are dated by the servers' clock, from the first grant (after `started`).
+    assert!(took >= ttl - ms(100), "granted after {took:?}, before the young servers' ttl ({ttl:?})");
+    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+}
+
+/// A majority down fails the build, naming a silent server and saying how many answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_majority_down_at_build_fails_naming_a_silent_server() {
+    let mut servers = [RedisServer::new(), RedisServer::new(), RedisServer::new()];
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    servers[0].kill();
+    servers[1].kill();
+    let built = within(secs(10), "build", Client::builder().redlock(urls.clone()).build()).await;
+    let error = match built {
+        Err(LockError::Backend(e)) => e,
+        Err(other) => panic!("expected a backend error, got {other:?}"),
+        Ok(_) => panic!("built with two of three servers down"),
+    };
+    assert_eq!(error.kind(), BackendErrorKind::Unreachable, "{error}");
+    assert_eq!(error.server(), urls[0], "{error}");
+    assert!(error.to_string().contains("1 of 3 Redlock servers answered"), "{error}");
+}
