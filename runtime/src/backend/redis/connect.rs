@@ -39,12 +39,7 @@ impl RedisBackend {
         let pong: String =
             redis::cmd("PING").query_async(&mut commands).await.map_err(|e| redis_error(&server, None, e))?;
         debug_assert_eq!(pong, "PONG");
-        let resp3 = info.clone().set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
-        let epoch = Epoch::default();
-        let subscriber = Subscriber::new(resp3, timeouts, epoch.clone());
-        let commands = Link::new(Conn::One(commands), epoch);
-        let hot = Hot::Coalesced(Coalescer::new(commands.clone()));
-        Self::checked(server, commands, hot, subscriber, Default::default(), settings).await
+        Self::on_manager(server, &info, commands, settings).checked(settings.prefix).await
     }
 
     /// As [`connect`](Self::connect), for a server of a Redlock group, where a minority may be down: a server that
@@ -71,12 +66,23 @@ impl RedisBackend {
         let client = redis::Client::open(info.clone()).map_err(|e| url_error(&server, &e))?;
         let commands = ConnectionManager::new_lazy_with_config(client, manager_config(settings.timeouts))
             .map_err(|e| url_error(&server, &e))?;
+        Ok(Self::on_manager(server, &info, commands, settings))
+    }
+
+    /// The backend on one server's connection manager (connected, or lazy), unprobed; `info` is the server's,
+    /// for the subscriber's connection.
+    fn on_manager(
+        server: String,
+        info: &redis::ConnectionInfo,
+        commands: ConnectionManager,
+        settings: ConnectSettings<'_>,
+    ) -> Self {
         let resp3 = info.clone().set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
         let epoch = Epoch::default();
         let subscriber = Subscriber::new(resp3, settings.timeouts, epoch.clone());
         let commands = Link::new(Conn::One(commands), epoch);
         let hot = Hot::Coalesced(Coalescer::new(commands.clone()));
-        Ok(Self::assembled(server, commands, hot, subscriber, Default::default(), settings))
+        Self::assembled(server, commands, hot, subscriber, Default::default(), settings)
     }
 
     /// Connects to a Redis Cluster through `seeds` (any of its nodes) and checks it as [`connect`](Self::connect)
@@ -123,7 +129,7 @@ impl RedisBackend {
         subscriber.use_connection(link.clone());
         let node_map = Arc::<NodeMap>::default();
         let hot = Hot::PerNode(PerNode::new(link.clone(), Arc::clone(&node_map)));
-        Self::checked(server, link, hot, subscriber, node_map, settings).await
+        Self::assembled(server, link, hot, subscriber, node_map, settings).checked(settings.prefix).await
     }
 
     /// Connects to the primary that the sentinels at `sentinels` name for `service`, and follows it: when it
@@ -192,23 +198,13 @@ impl RedisBackend {
         let link = Link::new(Conn::Sentinel(link), epoch);
         subscriber.use_connection(link.clone());
         let hot = Hot::Coalesced(Coalescer::new(link.clone()));
-        Self::checked(server, link, hot, subscriber, Default::default(), settings).await
+        Self::assembled(server, link, hot, subscriber, Default::default(), settings).checked(settings.prefix).await
     }
 
-    /// Takes and gives back a probe lock, so a missing ACL right or a cluster address fails at startup with an
-    /// explanation instead of at the first real lock; warns when Redis may evict lock records.
-    /// The backend made of these parts, once [`probe`](Self::probe) passed.
-    async fn checked(
-        server: String,
-        commands: Link,
-        hot: Hot,
-        subscriber: Subscriber,
-        node_map: Arc<NodeMap>,
-        settings: ConnectSettings<'_>,
-    ) -> Result<Self, LockError> {
-        let backend = Self::assembled(server, commands, hot, subscriber, node_map, settings);
-        backend.probe(settings.prefix).await?;
-        Ok(backend)
+    /// This backend once [`probe`](Self::probe) passed.
+    async fn checked(self, prefix: &str) -> Result<Self, LockError> {
+        self.probe(prefix).await?;
+        Ok(self)
     }
 
     /// The backend made of these parts, with the settings' replicas and owner.
@@ -224,6 +220,8 @@ impl RedisBackend {
         Self { server, commands, hot, subscriber, replicas, owner, plain: None, node_map }
     }
 
+    /// Takes and gives back a probe lock, so a missing ACL right or a cluster address fails at startup with an
+    /// explanation instead of at the first real lock; warns when Redis may evict lock records.
     async fn probe(&self, prefix: &str) -> Result<(), LockError> {
         let mut conn = self.commands.clone();
         let cluster: Option<String> = redis::cmd("INFO").arg("cluster").query_async(&mut conn).await.ok();
