@@ -41,7 +41,7 @@ impl Reading {
     }
 }
 
-/// Runs `scenario()`; if it panics and the wall clock stepped by [`STEP_THRESHOLD`] or more meanwhile, says so
+/// Runs `scenario()`; if it panics and the wall clock stepped by 50 ms or more meanwhile, says so
 /// on stderr and runs `scenario()` again, whose panic (step or no step) fails the test. A panic with no step
 /// fails the test at once.
 pub async fn again_if_the_wall_clock_stepped<F, Fut>(scenario: F)
