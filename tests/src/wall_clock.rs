@@ -50,11 +50,14 @@ where
     Fut: Future<Output = ()>,
 {
     let before = Reading::now();
-    again_if_stepped(scenario, move || before.step_ms()).await
+    // Straight to stderr: the test harness captures `eprintln!` of passing tests, and this should show.
+    let report = |note: String| drop(writeln!(io::stderr(), "{note}"));
+    again_if_stepped(scenario, move || before.step_ms(), report).await
 }
 
-/// [`again_if_the_wall_clock_stepped`] with the step measured by `step_ms` after a failure.
-async fn again_if_stepped<F, Fut>(scenario: F, step_ms: impl FnOnce() -> f64)
+/// [`again_if_the_wall_clock_stepped`] with the step measured by `step_ms` after a failure, and the note on a
+/// step given to `report`.
+async fn again_if_stepped<F, Fut>(scenario: F, step_ms: impl FnOnce() -> f64, report: impl FnOnce(String))
 where
     F: Fn() -> Fut,
     Fut: Future<Output = ()>,
@@ -69,14 +72,12 @@ where
         .map(String::as_str)
         .or_else(|| panic.downcast_ref::<&str>().copied())
         .unwrap_or("(a panic without a message)");
-    // Straight to stderr: the test harness captures `eprintln!` of passing tests, and this should show.
-    let _ = writeln!(
-        io::stderr(),
+    report(format!(
         "{}: the machine's wall clock moved {step_ms:+.0} ms against its monotonic clock while the scenario \
          failed ({failure}); the servers expire leases by the wall clock, so that run says nothing of distlock: \
          running the scenario again",
         std::thread::current().name().unwrap_or("a test"),
-    );
+    ));
     scenario().await;
 }
 
@@ -94,25 +95,32 @@ mod tests {
     }
 
     /// Runs `again_if_stepped` with a scenario that fails its first `failures` runs and a measured step of
-    /// `step_ms`; returns whether it failed the test and how many runs there were.
-    async fn outcome(failures: u32, step_ms: f64) -> (bool, u32) {
+    /// `step_ms`; returns whether it failed the test, how many runs there were, and the note it reported.
+    async fn outcome(failures: u32, step_ms: f64) -> (bool, u32, Option<String>) {
         let runs = AtomicU32::new(0);
         let scenario = || async {
             if runs.fetch_add(1, Ordering::SeqCst) < failures {
                 panic!("the scenario's own failure");
             }
         };
-        let failed = AssertUnwindSafe(again_if_stepped(scenario, || step_ms)).catch_unwind().await.is_err();
-        (failed, runs.load(Ordering::SeqCst))
+        let mut note = None;
+        let run = again_if_stepped(scenario, || step_ms, |n| note = Some(n));
+        let failed = AssertUnwindSafe(run).catch_unwind().await.is_err();
+        (failed, runs.load(Ordering::SeqCst), note)
     }
 
     #[tokio::test]
     async fn only_a_failure_during_a_step_runs_again() {
-        assert_eq!(outcome(0, 0.0).await, (false, 1), "a pass runs once");
-        assert_eq!(outcome(0, 900.0).await, (false, 1), "a pass runs once, step or not");
-        assert_eq!(outcome(1, 10.0).await, (true, 1), "a failure with no step fails at once");
-        assert_eq!(outcome(1, 900.0).await, (false, 2), "a failure during a step forward runs again");
-        assert_eq!(outcome(1, -300.0).await, (false, 2), "a failure during a step back runs again");
-        assert_eq!(outcome(2, 900.0).await, (true, 2), "a second failure fails the test");
+        assert_eq!(outcome(0, 0.0).await, (false, 1, None), "a pass runs once");
+        assert_eq!(outcome(0, 900.0).await, (false, 1, None), "a pass runs once, step or not");
+        assert_eq!(outcome(1, 10.0).await, (true, 1, None), "a failure with no step fails at once");
+        let (failed, runs, note) = outcome(1, 900.0).await;
+        assert_eq!((failed, runs), (false, 2), "a failure during a step forward runs again");
+        let note = note.expect("the rerun is reported");
+        assert!(note.contains("+900 ms") && note.contains("the scenario's own failure"), "{note}");
+        let (failed, runs, _) = outcome(1, -300.0).await;
+        assert_eq!((failed, runs), (false, 2), "a failure during a step back runs again");
+        let (failed, runs, _) = outcome(2, 900.0).await;
+        assert_eq!((failed, runs), (true, 2), "a second failure fails the test");
     }
 }
