@@ -109,6 +109,10 @@ async fn a_new_group_with_a_server_down_grants_its_first_lock_a_ttl_late() {
     let client = within(secs(10), "build", Client::builder().redlock(urls).build()).await.expect("build");
     let ttl = secs(1);
     let started = Instant::now();
+    // Without a wait: refused, and the error says why.
+    let error = client.lock("first").ttl(ttl).acquire().await.expect_err("young servers granted at once");
+    let message = error.to_string();
+    assert!(message.contains("a group first used by a client built while one of its servers was down"), "{message}");
     let guard = client.lock("first").ttl(ttl).wait(secs(10)).acquire().await.expect("granted within the wait");
     let took = started.elapsed();
     // The marks are dated by the servers' clock, from the first grant (after `started`).

@@ -321,9 +321,9 @@ impl Store for RedlockBackend {
             .collect();
         if let Some(youngest) = young.iter().min() {
             let what = format!(
-                "granted (and {} more that lost every key {youngest:?} ago or later: a restart without persistence or \
-                 a flush; such a server counts for a new holder once its lock state is as old as the ttl, \
-                 {ttl:?})",
+                "granted (and {} more whose lock state began {youngest:?} ago or later: a restart without \
+                 persistence, a flush, or a group first used by a client built while one of its servers was down; \
+                 such a server counts for a new holder once its lock state is as old as the ttl, {ttl:?})",
                 young.len()
             );
             return Err(match self.no_quorum(&what, leases.len(), replies) {
