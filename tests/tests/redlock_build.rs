@@ -137,3 +137,19 @@ async fn a_majority_down_at_build_fails_naming_a_silent_server() {
     assert_eq!(error.server(), urls[0], "{error}");
     assert!(error.to_string().contains("1 of 3 Redlock servers answered"), "{error}");
 }
+
+/// A server that answers with an error is a configuration to fix, not a server down: one server of three
+/// requires a password its URL does not give, and the build fails naming it, though a majority would answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_refuses_the_client_fails_the_build() {
+    let servers = [RedisServer::new(), RedisServer::new(), RedisServer::with_password("s3cret-pass")];
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let built = within(secs(10), "build", Client::builder().redlock(urls.clone()).build()).await;
+    let error = match built {
+        Err(LockError::Backend(e)) => e,
+        Err(other) => panic!("expected a backend error, got {other:?}"),
+        Ok(_) => panic!("built though a server refused the client"),
+    };
+    assert_eq!(error.kind(), BackendErrorKind::Refused, "{error}");
+    assert_eq!(error.server(), urls[2], "{error}");
+}
