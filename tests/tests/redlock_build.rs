@@ -2,7 +2,7 @@
 //! built, warns, takes locks on the others and counts the silent server once it answers; a majority down fails
 //! the build; and a client built with a server down never takes the group for a new one.
 
-use distlock::{BackendErrorKind, Client, LockError, ReleaseOutcome};
+use distlock::{BackendError, BackendErrorKind, Client, LockError, ReleaseOutcome};
 use distlock_tests::logs;
 use distlock_tests::time::{ms, secs};
 use distlock_tests::{eventually, within, Fixture, RedisServer};
@@ -120,6 +120,15 @@ async fn a_new_group_with_a_server_down_grants_its_first_lock_a_ttl_late() {
     assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
 }
 
+/// The backend error with which a Redlock client on `urls` fails to build, with `what` wrong.
+async fn build_error(urls: &[String], what: &str) -> BackendError {
+    match within(secs(10), "build", Client::builder().redlock(urls.to_vec()).build()).await {
+        Err(LockError::Backend(e)) => e,
+        Err(other) => panic!("{what}: expected a backend error, got {other:?}"),
+        Ok(_) => panic!("built with {what}"),
+    }
+}
+
 /// A majority down fails the build, naming a silent server and saying how many answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_majority_down_at_build_fails_naming_a_silent_server() {
@@ -127,12 +136,7 @@ async fn a_majority_down_at_build_fails_naming_a_silent_server() {
     let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
     servers[0].kill();
     servers[1].kill();
-    let built = within(secs(10), "build", Client::builder().redlock(urls.clone()).build()).await;
-    let error = match built {
-        Err(LockError::Backend(e)) => e,
-        Err(other) => panic!("expected a backend error, got {other:?}"),
-        Ok(_) => panic!("built with two of three servers down"),
-    };
+    let error = build_error(&urls, "two of three servers down").await;
     assert_eq!(error.kind(), BackendErrorKind::Unreachable, "{error}");
     assert_eq!(error.server(), urls[0], "{error}");
     assert!(error.to_string().contains("1 of 3 Redlock servers answered"), "{error}");
@@ -144,12 +148,7 @@ async fn a_majority_down_at_build_fails_naming_a_silent_server() {
 async fn a_server_that_refuses_the_client_fails_the_build() {
     let servers = [RedisServer::new(), RedisServer::new(), RedisServer::with_password("s3cret-pass")];
     let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
-    let built = within(secs(10), "build", Client::builder().redlock(urls.clone()).build()).await;
-    let error = match built {
-        Err(LockError::Backend(e)) => e,
-        Err(other) => panic!("expected a backend error, got {other:?}"),
-        Ok(_) => panic!("built though a server refused the client"),
-    };
+    let error = build_error(&urls, "a server refusing the client").await;
     assert_eq!(error.kind(), BackendErrorKind::Refused, "{error}");
     assert_eq!(error.server(), urls[2], "{error}");
 }
