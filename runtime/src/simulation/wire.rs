@@ -1,6 +1,6 @@
 //! The simulated redis-servers and the network between them and the clients, for the store models that run
 //! the real Redis backend (`redis`, `redis+replicas`, `redlock`): the backend's connections
-//! ([`Connection`], a `Link` of its own) carry each command through the same fault layer as the memory
+//! ([`Connection`](super::connection::Connection), a `Link` of its own) carry each command through the same fault layer as the memory
 //! model's calls (slow, lost request, applied with its reply lost, reset), to a [`Node`] that runs it on its
 //! [`SimRedis`] — the production scripts, unchanged — at the node's own wall clock. A reset connection fails
 //! the calls on it with a dropped-connection error, which the backend answers by sending the call again, as it
@@ -12,18 +12,17 @@
 //! `WAIT`, and a failover to the most advanced replica (as Sentinel picks it), whose clock may be behind.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use redis::{Arg, Cmd, Pipeline, PushInfo, PushKind, RedisError, RedisResult, Value};
-use tokio::sync::oneshot;
+use redis::{PushInfo, PushKind, Value};
 use tokio::time::Instant;
 
+use super::connection::{ConnectionState, Wire};
 use super::redis::{Entry, SimRedis};
+use super::reports::{runs_on, Report};
 use super::{short, World};
-use crate::LockError;
 
 /// What a connection does with a push (an announcement, a subscription's confirmation, a disconnection).
 pub(crate) type Push = Arc<dyn Fn(PushInfo) + Send + Sync>;
@@ -182,7 +181,7 @@ impl World {
     /// `sent` on its socket opened at `opened`: reset if the node restarted (or failed over) since that socket
     /// opened (a restart closes every connection, and Sentinel kills the clients of every server it
     /// reconfigures); `WAIT` and the subscription commands are the connection's own.
-    async fn apply_wire(
+    pub(super) async fn apply_wire(
         self: &Arc<Self>,
         client: usize,
         connection: &ConnectionState,
@@ -503,88 +502,6 @@ impl World {
     }
 }
 
-/// What a script call is about to do that the oracle checks (outcomes.rs): its releases, renewals and
-/// force_unlocks, read from its keys and arguments as the scripts read them.
-enum Report {
-    /// `after_acquire`: an earlier operation of the same BATCH call may grant the same record (to another
-    /// token), so what the release finds is not known before the call runs; `after_release`: an earlier one
-    /// may free it (a release of the same record, by another token or this one: then this one finds nobody).
-    Release {
-        record: String,
-        token: String,
-        resent: bool,
-        after_acquire: bool,
-        after_release: bool,
-    },
-    Renew {
-        record: String,
-        token: String,
-        ttl: String,
-    },
-    ForceUnlock {
-        record: String,
-    },
-    Acquire {
-        token: String,
-        ttl: String,
-    },
-}
-
-/// Whether a command runs on `redis` as sent: an EVALSHA the server does not know runs nothing.
-fn runs_on(redis: &SimRedis, args: &[Vec<u8>]) -> bool {
-    let by_sha = args.first().is_some_and(|name| name.eq_ignore_ascii_case(b"EVALSHA"));
-    !by_sha || args.get(1).is_some_and(|sha| redis.knows_script(sha))
-}
-
-/// The reports of a call of one of the production scripts, read from its arguments when it is sent (whether
-/// it runs or not: [`runs_on`] tells where it is applied).
-fn reports_of(args: &[Vec<u8>]) -> Vec<Report> {
-    if args.len() < 3 {
-        return Vec::new();
-    }
-    let text = |i: usize| args.get(i).map(|a| String::from_utf8_lossy(a).into_owned()).unwrap_or_default();
-    let Some(script) = crate::backend::script_name(&args[1]) else { return Vec::new() };
-    let keys: usize = text(2).parse().unwrap_or(0);
-    let (key, arg) = (|i: usize| text(2 + i), |i: usize| text(2 + keys + i));
-    match script {
-        "RELEASE" => {
-            let (record, token, resent) = (key(1), arg(1), arg(4) == "1");
-            vec![Report::Release { record, token, resent, after_acquire: false, after_release: false }]
-        }
-        "RENEW" => vec![Report::Renew { record: key(1), token: arg(1), ttl: arg(2) }],
-        "RENEW_MANY" => {
-            (1..=keys).map(|i| Report::Renew { record: key(i), token: arg(2 * i - 1), ttl: arg(2 * i) }).collect()
-        }
-        "FORCE_UNLOCK" => vec![Report::ForceUnlock { record: key(1) }],
-        "ACQUIRE" | "ACQUIRE_PLAIN" => vec![Report::Acquire { token: arg(1), ttl: arg(2) }],
-        "ACQUIRE_ALL" => (1..=keys).map(|i| Report::Acquire { token: arg(2 + i), ttl: arg(1) }).collect(),
-        "BATCH" => {
-            // ARGV[1]: one letter per operation; each operation's arguments follow, in order (batch.lua).
-            let (mut reports, mut acquired, mut released) = (Vec::new(), Vec::new(), Vec::new());
-            let (mut at, mut last_ttl) = (2, String::new());
-            for (i, op) in arg(1).bytes().enumerate() {
-                let (record, token) = (key(i + 1), arg(at));
-                // 'b' takes the ttl of the last 'a' before it.
-                if matches!(op, b'a' | b'p' | b'q') {
-                    last_ttl = arg(at + 1);
-                }
-                let Some(arity) = crate::backend::batch_arity(op) else { return reports };
-                at += arity;
-                if matches!(op, b'r' | b'k' | b's') {
-                    let (after_acquire, after_release) = (acquired.contains(&record), released.contains(&record));
-                    released.push(record.clone());
-                    reports.push(Report::Release { record, token, resent: op == b's', after_acquire, after_release });
-                } else {
-                    acquired.push(record);
-                    reports.push(Report::Acquire { token, ttl: last_ttl.clone() });
-                }
-            }
-            reports
-        }
-        _ => Vec::new(),
-    }
-}
-
 /// Whether a command writes (a replica refuses it). Scripts may write: a replica refuses them too.
 fn writes(name: &[u8]) -> bool {
     !matches!(name, b"GET" | b"PTTL" | b"EXISTS" | b"SCAN" | b"PING" | b"TIME" | b"GETRANGE" | b"INFO" | b"ECHO")
@@ -602,230 +519,5 @@ fn announced(text: &str) -> String {
             format!("handed over to {} ({rest})", short(heir))
         }
         _ => text.to_owned(),
-    }
-}
-
-/// What a call on the wire came back with.
-#[derive(Debug)]
-enum Wire {
-    Reply(Value),
-    /// The connection was reset under it (a restart, a failover): not applied.
-    Reset,
-}
-
-/// One client's connection to a simulated server (a `Link` of the Redis backend).
-#[derive(Clone)]
-pub(crate) struct Connection {
-    world: Arc<World>,
-    client: usize,
-    state: Arc<ConnectionState>,
-}
-
-struct ConnectionState {
-    id: u64,
-    target: Target,
-    push: Option<Push>,
-    /// The replication offset of this connection's last write, which `WAIT` waits for, and on which node.
-    written: AtomicU64,
-    written_on: AtomicU64,
-    /// When its socket opened: the commands connection is a `ConnectionManager`, which opens a new socket
-    /// after a call failed on a closed one; the new socket made no writes, and a `WAIT` on it counts none.
-    opened: Mutex<Instant>,
-}
-
-impl ConnectionState {
-    /// The socket opened at `was` is closed: the next call goes on a new one (unless that happened already).
-    fn reopen(&self, was: Instant) {
-        let mut opened = self.opened.lock().unwrap_or_else(PoisonError::into_inner);
-        if *opened == was {
-            *opened = Instant::now();
-            self.written.store(0, Ordering::Relaxed);
-            self.written_on.store(0, Ordering::Relaxed);
-        }
-    }
-}
-
-static CONNECTIONS: AtomicU64 = AtomicU64::new(1);
-
-impl Connection {
-    pub(super) fn new(world: Arc<World>, client: usize, target: Target, push: Option<Push>) -> Self {
-        let id = CONNECTIONS.fetch_add(1, Ordering::Relaxed);
-        Self {
-            world,
-            client,
-            state: Arc::new(ConnectionState {
-                id,
-                target,
-                push,
-                written: AtomicU64::new(0),
-                written_on: AtomicU64::new(0),
-                opened: Mutex::new(Instant::now()),
-            }),
-        }
-    }
-
-    /// Sends one command and waits for its reply, as redis-rs does: a timeout after the response timeout, a
-    /// dropped-connection error when the connection was reset under it.
-    pub(crate) fn send(&self, cmd: &Cmd) -> impl Future<Output = RedisResult<Value>> + Send + 'static {
-        let args: Vec<Vec<u8>> =
-            cmd.args_iter().map(|a| if let Arg::Simple(a) = a { a.to_vec() } else { Vec::new() }).collect();
-        let this = self.clone();
-        async move { this.call(args).await }
-    }
-
-    /// A pipeline, one command after another (our pipelines are never atomic).
-    pub(crate) fn send_all(
-        &self,
-        pipeline: &Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> impl Future<Output = RedisResult<Vec<Value>>> + Send + 'static {
-        let calls: Vec<_> = pipeline.cmd_iter().map(|cmd| self.send(cmd)).collect();
-        async move {
-            let mut replies = Vec::new();
-            for call in calls {
-                replies.push(call.await?);
-            }
-            Ok(replies.into_iter().skip(offset).take(count).collect())
-        }
-    }
-
-    pub(crate) async fn subscribe(&self, channels: &[Vec<u8>]) -> RedisResult<()> {
-        let mut args = vec![b"SUBSCRIBE".to_vec()];
-        args.extend(channels.iter().cloned());
-        self.call(args).await.map(drop)
-    }
-
-    pub(crate) async fn unsubscribe(&self, channel: &[u8]) -> RedisResult<()> {
-        self.call(vec![b"UNSUBSCRIBE".to_vec(), channel.to_vec()]).await.map(drop)
-    }
-
-    async fn call(&self, args: Vec<Vec<u8>>) -> RedisResult<Value> {
-        let (world, client) = (&self.world, self.client);
-        self.note_tokens(&args);
-        let script =
-            args.first().is_some_and(|a| a.eq_ignore_ascii_case(b"EVAL") || a.eq_ignore_ascii_case(b"EVALSHA"));
-        // Read once, here: what the oracle learns at the send, and what the server reports if the call runs.
-        let reports = if script { reports_of(&args) } else { Vec::new() };
-        for report in &reports {
-            match report {
-                Report::Release { token, .. } => world.release_sent(token),
-                Report::Renew { token, ttl, .. } => world.sent_ttl(token, ttl),
-                _ => {}
-            }
-        }
-        // A Redlock group's servers answer on connections of their own: a hung one holds up no other's calls.
-        let lane = match self.state.target {
-            Target::Node(node) => node,
-            Target::Primary => 0,
-        };
-        let plan = world.plan((client, lane));
-        let id = plan.id;
-        world.trace(|| {
-            let to = match self.state.target {
-                Target::Node(node) => format!(" s{node}"),
-                Target::Primary => String::new(),
-            };
-            format!("c{client} #{id}{to} → {} (legs {:?}/{:?})", describe(&args), plan.request, plan.reply)
-        });
-        // The records a script call is about (every key: ACQUIRE_ALL and BATCH take several), for the oracle's
-        // fencing check (found by the simulation's whole workload, redis seed 795: a lock_all grant of three
-        // keys went unseen on the second and third, and a token after a clock step back was not excused).
-        let records: Vec<String> = match script {
-            true => {
-                let keys = args.get(2).and_then(|k| std::str::from_utf8(k).ok()?.parse::<usize>().ok()).unwrap_or(0);
-                args.iter().skip(3).take(keys).map(|r| String::from_utf8_lossy(r).into_owned()).collect()
-            }
-            false => Vec::new(),
-        };
-        let (tx, rx) = oneshot::channel();
-        // The subscriptions' connection is reset by its Disconnection push instead (`disconnect`).
-        let opened = match self.state.push {
-            Some(_) => Instant::now(),
-            None => *self.state.opened.lock().unwrap_or_else(PoisonError::into_inner),
-        };
-        let op = {
-            let (world, state) = (Arc::clone(world), Arc::clone(&self.state));
-            async move { Ok::<Wire, LockError>(world.apply_wire(client, &state, opened, args, reports).await) }
-        };
-        // Boxed: the call's future is a few KB, which spawning copied three times over.
-        tokio::spawn(Box::pin(Arc::clone(world).carry(client, plan, records, op, tx)));
-        let reply = tokio::time::timeout(world.config.response_timeout, rx).await;
-        world.wait_unfrozen(client).await;
-        match reply {
-            Ok(Ok(Ok(Wire::Reply(value)))) => {
-                world.trace(|| format!("c{client} #{id} ← {}", shown(&value)));
-                // The production scripts never fail on the calls the engine makes (no foreign data here): a
-                // script error is a bug, not a fault.
-                if let Value::ServerError(e) = &value {
-                    if script && !matches!(e.code(), "NOSCRIPT" | "READONLY") {
-                        world.violation(format!("c{client} #{id}: a script failed: {e}"));
-                    }
-                }
-                // A server error is a reply, as redis-rs hands it on: the caller's query makes it an error, a
-                // pipeline that ignores errors keeps it in its place.
-                Ok(value)
-            }
-            Ok(Ok(Ok(Wire::Reset))) | Ok(Err(_)) | Ok(Ok(Err(_))) => {
-                // The client learns here that the socket closed, and only here: its next call goes on a new
-                // one. (Reopened when the server reset the call instead, a call sent before this reset's reply
-                // had come back — or with that reply lost — went on a new socket while the caller's link still
-                // read the old epoch: a WAIT there counted a write the promoted replica never got;
-                // redis+replicas seed 26281.)
-                if matches!(reply, Ok(Ok(Ok(Wire::Reset)))) && self.state.push.is_none() {
-                    self.state.reopen(opened);
-                }
-                world.trace(|| format!("c{client} #{id} ← connection reset"));
-                Err(RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset)))
-            }
-            Err(_) => {
-                world.trace(|| format!("c{client} #{id} ← timed out"));
-                Err(RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)))
-            }
-        }
-    }
-
-    /// Tokens (32 hex digits) the call carries belong to this client, for the oracle.
-    fn note_tokens(&self, args: &[Vec<u8>]) {
-        let tokens = args.iter().filter(|a| a.len() == crate::token::TOKEN_LEN && a.iter().all(u8::is_ascii_hexdigit));
-        let tokens: Vec<String> = tokens.map(|t| String::from_utf8_lossy(t).into_owned()).collect();
-        if tokens.is_empty() {
-            return;
-        }
-        for token in &tokens {
-            let _ = super::store::TRACKED.try_with(|tracked| tracked.add(token));
-        }
-        let mut state = self.world.state();
-        for token in tokens {
-            state.owners.insert(token, self.client);
-        }
-    }
-}
-
-/// A command as the trace shows it: the script's name instead of its source or SHA, tokens shortened.
-fn describe(args: &[Vec<u8>]) -> String {
-    let mut out = String::new();
-    for (i, arg) in args.iter().enumerate() {
-        let text = String::from_utf8_lossy(arg);
-        let shown = if i == 1 && (text.len() == 40 || text.len() > 64) {
-            crate::backend::script_name(arg).unwrap_or("<script>").to_owned()
-        } else if arg.len() == crate::token::TOKEN_LEN && arg.iter().all(u8::is_ascii_hexdigit) {
-            short(&text)
-        } else {
-            text.into_owned()
-        };
-        if i > 0 {
-            out.push(' ');
-        }
-        out.push_str(&shown);
-    }
-    out
-}
-
-fn shown(value: &Value) -> String {
-    match value {
-        Value::BulkString(bytes) => format!("{:?}", String::from_utf8_lossy(bytes)),
-        Value::Array(items) => format!("[{}]", items.iter().map(shown).collect::<Vec<_>>().join(", ")),
-        other => format!("{other:?}"),
     }
 }
