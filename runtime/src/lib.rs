@@ -194,6 +194,7 @@ mod listing;
 mod loss;
 mod observe;
 mod request;
+mod retry;
 mod token;
 #[cfg(feature = "tower")]
 pub mod tower;
@@ -217,7 +218,8 @@ pub use error::{BackendError, BackendErrorKind, LockError};
 pub use guard::{current_lock, LockGuard, ReleaseOutcome};
 pub use listing::{LockListing, LockWaiter, MAX_WAITERS_LISTED};
 pub use loss::LossReason;
-pub use request::{LockRequest, OnLost, RetryStrategy};
+pub use request::{LockRequest, OnLost};
+pub use retry::RetryStrategy;
 pub use token::LockToken;
 
 #[cfg(test)]
