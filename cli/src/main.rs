@@ -227,6 +227,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    show_warnings();
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => return fail(&Failure::new(Exit::Server, format!("cannot start the async runtime: {e}"))),
@@ -236,6 +237,18 @@ fn main() -> ExitCode {
         Err(Failure { exit: Exit::Quiet, .. }) => ExitCode::SUCCESS,
         Err(failure) => fail(&failure),
     }
+}
+
+/// Prints the library's warnings on standard error, one line each, never on standard output (which scripts
+/// read): what a service's log would show, such as a Redlock server that did not answer while the others did
+/// (the command goes on without it), or a server whose eviction policy may drop lock records.
+fn show_warnings() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .without_time()
+        .with_target(false)
+        .init();
 }
 
 fn fail(failure: &Failure) -> ExitCode {

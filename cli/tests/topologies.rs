@@ -193,3 +193,28 @@ async fn on_redlock_each_lock_is_listed_once() {
     );
     assert_eq!(listed_keys(&distlock(&[args.as_slice(), &["ls", "--json"]].concat()).await), ["r:a", "r:b"]);
 }
+
+/// A Redlock group with a server down, which is when an operator reaches for the tool: `ls` lists every lock
+/// from the other two, exits 0, and says on stderr which server did not answer (the library's warnings, which
+/// the tool prints there, one line each; stdout stays the listing alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redlock_a_server_down_is_named_and_the_locks_are_listed() {
+    let mut servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::new()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let client = distlock::Client::builder().redlock(urls.clone()).build().await.expect("redlock client");
+    let _a = client.lock("r:a").ttl(TTL).acquire().await.unwrap();
+    let _b = client.lock("r:b").ttl(TTL).acquire().await.unwrap();
+    servers[1].kill();
+    let mut args = vec!["--redlock"];
+    for url in &urls {
+        args.extend(["--url", url.as_str()]);
+    }
+    let output = distlock(&[args.as_slice(), &["ls", "--json"]].concat()).await;
+    assert_eq!(listed_keys(&output), ["r:a", "r:b"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("WARN") && stderr.contains("did not answer") && stderr.contains(&urls[1]),
+        "stderr: {stderr}"
+    );
+    assert!(!stderr.contains(&urls[0]) && !stderr.contains(&urls[2]), "only the silent server is named: {stderr}");
+}

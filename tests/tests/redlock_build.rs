@@ -1,6 +1,7 @@
-//! Building a Redlock client while servers are down: a minority down is what Redlock is for, so the client is
-//! built, warns, takes locks on the others and counts the silent server once it answers; a majority down fails
-//! the build; and a client built with a server down never takes the group for a new one.
+//! A Redlock group while servers are down. Building a client: a minority down is what Redlock is for, so the
+//! client is built, warns, takes locks on the others and counts the silent server once it answers; a majority
+//! down fails the build; and a client built with a server down never takes the group for a new one. Listing:
+//! a minority down is passed over, and every lock a quorum holds is still listed.
 
 use distlock::{BackendError, BackendErrorKind, Client, LockError, ReleaseOutcome};
 use distlock_tests::logs;
@@ -151,4 +152,56 @@ async fn a_server_that_refuses_the_client_fails_the_build() {
     let error = build_error(&urls, "a server refusing the client").await;
     assert_eq!(error.kind(), BackendErrorKind::Refused, "{error}");
     assert_eq!(error.server(), urls[2], "{error}");
+}
+
+/// The names `client` lists, sorted and each once.
+async fn listed(client: &Client) -> Result<Vec<String>, LockError> {
+    let mut listing = client.list_locks("*");
+    let mut names = Vec::new();
+    while let Some(page) = listing.next_page().await? {
+        names.extend(page);
+    }
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
+/// With a server down, a listing passes over it, warning with its URL, and lists every lock a quorum holds from
+/// the other two; `lock_infos` reads them from the same two. With two of three down, it fails naming a silent
+/// server: a lock held by a quorum could then sit on the silent servers alone. (Before, one silent server failed
+/// every listing, so `distlock ls` could show none of the group's locks while a server was down.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_passes_over_a_minority_down_and_lists_every_held_lock() {
+    let captured = logs::capture();
+    let mut fixture = Fixture::redlock().await;
+    let client = fixture.client().clone();
+    // Renewed every second: a server restarted empty has the records back within a few.
+    let _a = client.lock("listed:a").ttl(secs(3)).acquire().await.expect("lock a");
+    let _b = client.lock("listed:b").ttl(secs(3)).acquire().await.expect("lock b");
+    assert_eq!(listed(&client).await.expect("all three answer"), ["listed:a", "listed:b"]);
+
+    for down in [0, 2] {
+        fixture.redlock_server_mut(down).kill();
+        let silent = fixture.redlock_servers().nth(down).expect("server").url();
+        let names = within(secs(10), "a listing with one of three down", listed(&client)).await;
+        assert_eq!(names.expect("two of three answer"), ["listed:a", "listed:b"], "server {down} down");
+        let warned = captured.matching(Level::WARN, &["did not answer the listing", &silent]);
+        assert!(!warned.is_empty(), "no warning names {silent}:\n{}", captured.dump());
+        let infos = client.lock_infos(&["listed:a", "listed:b"]).await.expect("lock_infos from two of three");
+        assert!(infos.iter().all(Option::is_some), "{infos:?}");
+        fixture.redlock_server_mut(down).restart();
+        eventually(secs(10), "the holders' records back on the restarted server", || async {
+            let (a, b) = (client.record_key("listed:a"), client.record_key("listed:b"));
+            servers_with(&fixture, &a).await == 3 && servers_with(&fixture, &b).await == 3
+        })
+        .await;
+    }
+
+    fixture.redlock_server_mut(0).kill();
+    fixture.redlock_server_mut(1).kill();
+    let failed = within(secs(10), "a listing with two of three down", listed(&client)).await;
+    match failed {
+        Err(LockError::Backend(e)) => assert!(e.server().contains("127.0.0.1"), "{e}"),
+        other => panic!("a listing with two of three servers down gave {other:?}"),
+    }
 }

@@ -20,15 +20,16 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+pub(crate) use self::listing::RedlockCursor;
 use self::renewal::Live;
 use self::restart::Vote;
 use self::round::{count, Unfinished};
 use super::{Attempt, Capabilities, ConnectSettings, Fencing, Hold, LockKeys, Queueing, RedisBackend, ReleaseWatch};
 use super::{Place, Renewal, Scan, Store, WakeUps};
 use crate::backend::redis::errors::redis_error_with_hint;
-use crate::backend::redis::RedisCursor;
 use crate::error::redact_url;
 
+mod listing;
 mod renewal;
 mod restart;
 mod round;
@@ -40,13 +41,6 @@ const MIN_PER_SERVER: Duration = Duration::from_millis(10);
 
 /// The fencing token Redlock reports: none is sound across independent servers (see [`Fencing::None`]).
 const NO_FENCE: u64 = 0;
-
-/// Where a scan of the group stands: the server it is on, and where on that server.
-#[derive(Debug, Default)]
-pub(crate) struct RedlockCursor {
-    server: usize,
-    on_server: RedisCursor,
-}
 
 pub(crate) struct RedlockBackend {
     servers: Vec<Arc<RedisBackend>>,
@@ -456,28 +450,15 @@ impl Store for RedlockBackend {
     }
 
     /// Every server in turn: a lock held by a quorum shows up once per server holding it (callers that need
-    /// each lock once sort and deduplicate, or ask [`info`](Self::info), which counts the quorum).
+    /// each lock once sort and deduplicate, or ask [`info`](Self::info), which counts the quorum). A minority
+    /// of servers that do not answer is passed over (listing.rs).
     async fn scan(
         &self,
         scan: &mut Scan<RedlockCursor>,
         pattern: &str,
         count: usize,
     ) -> Result<Vec<String>, LockError> {
-        let at = &mut scan.cursor;
-        let Some(server) = self.servers.get(at.server) else {
-            scan.done = true;
-            return Ok(Vec::new());
-        };
-        let mut on_server = Scan { cursor: std::mem::take(&mut at.on_server), ..Scan::default() };
-        let found = server.scan(&mut on_server, pattern, count).await?;
-        scan.skipped += on_server.skipped;
-        if on_server.done {
-            *at = RedlockCursor { server: at.server + 1, on_server: RedisCursor::default() };
-            scan.done = at.server == self.servers.len();
-        } else {
-            at.on_server = on_server.cursor;
-        }
-        Ok(found)
+        listing::scan(self, scan, pattern, count).await
     }
 
     /// Redlock never queues: nobody waits in line.
