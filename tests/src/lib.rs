@@ -19,6 +19,7 @@ pub mod monitor;
 mod pgbouncer;
 mod postgres;
 pub mod proxy;
+pub mod redlock;
 pub mod renewals;
 pub mod sentinel;
 mod server;

@@ -249,6 +249,11 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("cannot connect to {}: {e}\n{}", self.url(), self.log_block()))
     }
 
+    /// Whether the server was killed ([`kill`](Self::kill)) and not restarted since.
+    pub fn is_killed(&self) -> bool {
+        self.child.is_none()
+    }
+
     /// Kills the server (SIGKILL) and reaps it. Idempotent.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

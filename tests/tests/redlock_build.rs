@@ -5,9 +5,9 @@
 
 use distlock::{BackendError, BackendErrorKind, Client, LockError, ReleaseOutcome};
 use distlock_tests::logs;
+use distlock_tests::redlock::servers_with;
 use distlock_tests::time::{ms, secs};
 use distlock_tests::{eventually, within, Fixture, RedisServer};
-use redis::AsyncCommands;
 use tokio::time::Instant;
 use tracing::Level;
 
@@ -22,15 +22,6 @@ async fn live_connections(fixture: &Fixture) -> Vec<redis::aio::MultiplexedConne
         }
     }
     conns
-}
-
-/// How many of `fixture`'s Redlock servers have `key`.
-async fn servers_with(fixture: &Fixture, key: &str) -> usize {
-    let mut n = 0;
-    for mut conn in live_connections(fixture).await {
-        n += usize::from(conn.exists::<_, bool>(key).await.expect("EXISTS"));
-    }
-    n
 }
 
 /// A group in use (its servers marked), one server down: the client is built at once, warns naming that
