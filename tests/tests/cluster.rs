@@ -241,37 +241,40 @@ fn readme_acl() -> (String, String) {
 /// primary with one script call per round for all of that primary's keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nodes_due_renewals_share_one_call() {
-    let fx = Fixture::cluster().await;
-    let cluster = fx.redis_cluster().expect("cluster fixture");
-    let keys: Vec<String> = (0..30).map(|i| format!("spread-renew-{i}")).collect();
-    let records: Vec<String> = keys.iter().map(|k| fx.client().record_key(k)).collect();
-    let port = cluster.primary_for(&records[0]);
-    let here: Vec<String> =
-        records.iter().filter(|r| cluster.primary_for(r) == port).map(|r| format!("\"{r}\"")).collect();
-    assert!(here.len() >= 4, "too few of the keys on one primary: {}", here.len());
-    let node = cluster.node(port).expect("the primary");
-    let monitor = Monitor::start(node);
-    let mut conn = node.connection().await;
-    let guard = fx.client().lock_all(keys).ttl(Duration::from_millis(600)).acquire().await.expect("lock_all");
-    let from = monitor.mark(&mut conn, "held").await;
-    let renewals_of_first = |lines: &[String]| {
-        lines.iter().filter(|l| !is_client_command(l) && l.contains("\"pexpire\"") && l.contains(&here[0])).count()
-    };
-    eventually(Duration::from_secs(10), "three renewal rounds", || {
-        let rounds = renewals_of_first(&monitor.lines_since(from));
-        async move { rounds >= 3 }
+    distlock_tests::wall_clock::again_if_the_wall_clock_stepped(|| async {
+        let fx = Fixture::cluster().await;
+        let cluster = fx.redis_cluster().expect("cluster fixture");
+        let keys: Vec<String> = (0..30).map(|i| format!("spread-renew-{i}")).collect();
+        let records: Vec<String> = keys.iter().map(|k| fx.client().record_key(k)).collect();
+        let port = cluster.primary_for(&records[0]);
+        let here: Vec<String> =
+            records.iter().filter(|r| cluster.primary_for(r) == port).map(|r| format!("\"{r}\"")).collect();
+        assert!(here.len() >= 4, "too few of the keys on one primary: {}", here.len());
+        let node = cluster.node(port).expect("the primary");
+        let monitor = Monitor::start(node);
+        let mut conn = node.connection().await;
+        let guard = fx.client().lock_all(keys).ttl(Duration::from_millis(600)).acquire().await.expect("lock_all");
+        let from = monitor.mark(&mut conn, "held").await;
+        let renewals_of_first = |lines: &[String]| {
+            lines.iter().filter(|l| !is_client_command(l) && l.contains("\"pexpire\"") && l.contains(&here[0])).count()
+        };
+        eventually(Duration::from_secs(10), "three renewal rounds", || {
+            let rounds = renewals_of_first(&monitor.lines_since(from));
+            async move { rounds >= 3 }
+        })
+        .await;
+        let to = monitor.mark(&mut conn, "renewed").await;
+        assert!(!guard.is_lost(), "the lock was lost while renewed");
+        guard.release().await.expect("release");
+        let lines = &monitor.lines()[from..to];
+        let ours = |l: &&String| here.iter().any(|r| l.contains(r.as_str()));
+        let renewed = lines.iter().filter(|l| !is_client_command(l) && l.contains("\"pexpire\"")).filter(ours).count();
+        let calls = lines.iter().filter(|l| is_client_command(l) && l.contains("\"EVALSHA\"")).filter(ours).count();
+        assert!(renewed >= 3 * here.len(), "{renewed} renewals of {} keys", here.len());
+        // One call per round carries all of this node's keys; one call per slot would make calls == renewed.
+        assert!(calls * 2 < renewed, "{calls} script calls for {renewed} renewals:\n{}", monitor.tail(40));
     })
-    .await;
-    let to = monitor.mark(&mut conn, "renewed").await;
-    assert!(!guard.is_lost(), "the lock was lost while renewed");
-    guard.release().await.expect("release");
-    let lines = &monitor.lines()[from..to];
-    let ours = |l: &&String| here.iter().any(|r| l.contains(r.as_str()));
-    let renewed = lines.iter().filter(|l| !is_client_command(l) && l.contains("\"pexpire\"")).filter(ours).count();
-    let calls = lines.iter().filter(|l| is_client_command(l) && l.contains("\"EVALSHA\"")).filter(ours).count();
-    assert!(renewed >= 3 * here.len(), "{renewed} renewals of {} keys", here.len());
-    // One call per round carries all of this node's keys; one call per slot would make calls == renewed.
-    assert!(calls * 2 < renewed, "{calls} script calls for {renewed} renewals:\n{}", monitor.tail(40));
+    .await
 }
 
 /// Under load, the acquires and releases of one node share calls whatever their slots (a coalescer per node,
@@ -313,23 +316,26 @@ async fn a_nodes_acquires_and_releases_share_calls_under_load() {
 /// unexpected reply, and nothing said why the lock was lost.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_error_caught_for_one_key_of_a_shared_call_says_why() {
-    let logs = distlock_tests::logs::capture();
-    let fx = Fixture::cluster().await;
-    let cluster = fx.redis_cluster().expect("cluster fixture");
-    let keys: Vec<String> = (0..30).map(|i| format!("foreign-renew-{i}")).collect();
-    let broken = fx.client().record_key(&keys[0]);
-    let node = cluster.node(cluster.primary_for(&broken)).expect("its primary");
-    let mut conn = node.connection().await;
-    let guard = fx.client().lock_all(keys.clone()).ttl(ms(900)).acquire().await.expect("lock_all");
-    let () = redis::cmd("DEL").arg(&broken).query_async(&mut conn).await.unwrap();
-    let () = redis::cmd("RPUSH").arg(&broken).arg("not a lock").query_async(&mut conn).await.unwrap();
-    within(secs(10), "the lock reported lost", guard.lost()).await;
-    let failed = logs.matching(tracing::Level::DEBUG, &["renewal failed"]);
-    let of_broken: Vec<_> = failed.iter().filter(|line| line.fields.get("key") == Some(&keys[0])).collect();
-    assert!(
-        of_broken.iter().any(|line| line.fields.get("error").is_some_and(|e| e.contains("WRONGTYPE"))),
-        "no renewal error of {} says why: {of_broken:?}",
-        keys[0]
-    );
-    drop(guard);
+    distlock_tests::wall_clock::again_if_the_wall_clock_stepped(|| async {
+        let logs = distlock_tests::logs::capture();
+        let fx = Fixture::cluster().await;
+        let cluster = fx.redis_cluster().expect("cluster fixture");
+        let keys: Vec<String> = (0..30).map(|i| format!("foreign-renew-{i}")).collect();
+        let broken = fx.client().record_key(&keys[0]);
+        let node = cluster.node(cluster.primary_for(&broken)).expect("its primary");
+        let mut conn = node.connection().await;
+        let guard = fx.client().lock_all(keys.clone()).ttl(ms(900)).acquire().await.expect("lock_all");
+        let () = redis::cmd("DEL").arg(&broken).query_async(&mut conn).await.unwrap();
+        let () = redis::cmd("RPUSH").arg(&broken).arg("not a lock").query_async(&mut conn).await.unwrap();
+        within(secs(10), "the lock reported lost", guard.lost()).await;
+        let failed = logs.matching(tracing::Level::DEBUG, &["renewal failed"]);
+        let of_broken: Vec<_> = failed.iter().filter(|line| line.fields.get("key") == Some(&keys[0])).collect();
+        assert!(
+            of_broken.iter().any(|line| line.fields.get("error").is_some_and(|e| e.contains("WRONGTYPE"))),
+            "no renewal error of {} says why: {of_broken:?}",
+            keys[0]
+        );
+        drop(guard);
+    })
+    .await
 }

@@ -175,37 +175,44 @@ async fn the_sweep_deletes_rows_dead_for_a_minute_and_keeps_the_live_ones() {
 /// hand-over at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_operation_works_through_pgbouncer_in_transaction_mode() {
-    let server = private_server().await;
-    let bouncer = tokio::task::block_in_place(|| PgBouncer::start(&server, "transaction"));
-    let pooled = || {
-        Client::builder().postgres(bouncer.url()).postgres_listen_url(server.url()).response_timeout(secs(5)).build()
-    };
-    let (holder, waiter) = (pooled().await.expect("a client through the pool"), pooled().await.expect("another"));
+    distlock_tests::wall_clock::again_if_the_wall_clock_stepped(|| async {
+        let server = private_server().await;
+        let bouncer = tokio::task::block_in_place(|| PgBouncer::start(&server, "transaction"));
+        let pooled = || {
+            Client::builder()
+                .postgres(bouncer.url())
+                .postgres_listen_url(server.url())
+                .response_timeout(secs(5))
+                .build()
+        };
+        let (holder, waiter) = (pooled().await.expect("a client through the pool"), pooled().await.expect("another"));
 
-    let guard = holder.lock("pooled").ttl(ms(900)).metadata("via pgbouncer").acquire().await.expect("acquire");
-    // Through three leases: only renewals through the pool can have kept it.
-    tokio::time::sleep(secs(3)).await;
-    assert!(!guard.is_lost(), "renewals through the pool failed");
-    let waiting = tokio::spawn({
-        let waiter = waiter.clone();
-        async move { waiter.lock("pooled").ttl(secs(5)).wait(secs(20)).acquire().await }
-    });
-    within(secs(5), "the waiter queues", async {
-        while holder.lock_info("pooled").await.expect("lock_info").is_some_and(|i| i.waiting == 0) {
-            tokio::time::sleep(ms(10)).await;
-        }
+        let guard = holder.lock("pooled").ttl(ms(900)).metadata("via pgbouncer").acquire().await.expect("acquire");
+        // Through three leases: only renewals through the pool can have kept it.
+        tokio::time::sleep(secs(3)).await;
+        assert!(!guard.is_lost(), "renewals through the pool failed");
+        let waiting = tokio::spawn({
+            let waiter = waiter.clone();
+            async move { waiter.lock("pooled").ttl(secs(5)).wait(secs(20)).acquire().await }
+        });
+        within(secs(5), "the waiter queues", async {
+            while holder.lock_info("pooled").await.expect("lock_info").is_some_and(|i| i.waiting == 0) {
+                tokio::time::sleep(ms(10)).await;
+            }
+        })
+        .await;
+        let info = waiter.lock_info("pooled").await.expect("lock_info").expect("held");
+        assert_eq!((info.metadata.as_str(), info.fencing_token), ("via pgbouncer", guard.fencing_token()));
+        let mut listing = holder.list_locks("*");
+        assert_eq!(listing.next_page().await.expect("list_locks"), Some(vec!["pooled".to_owned()]));
+
+        let released = tokio::time::Instant::now();
+        assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+        let next = within(secs(10), "the hand-over", waiting).await.expect("task").expect("the waiter gets it");
+        assert!(released.elapsed() < secs(1), "heard the hand-over only after {:?}", released.elapsed());
+        assert!(holder.force_unlock("pooled").await.expect("force_unlock"));
+        assert_eq!(next.release().await.expect("release"), ReleaseOutcome::Expired);
+        assert!(bouncer.log().contains("login attempt"), "the clients did not go through the pool:\n{}", bouncer.log());
     })
-    .await;
-    let info = waiter.lock_info("pooled").await.expect("lock_info").expect("held");
-    assert_eq!((info.metadata.as_str(), info.fencing_token), ("via pgbouncer", guard.fencing_token()));
-    let mut listing = holder.list_locks("*");
-    assert_eq!(listing.next_page().await.expect("list_locks"), Some(vec!["pooled".to_owned()]));
-
-    let released = tokio::time::Instant::now();
-    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
-    let next = within(secs(10), "the hand-over", waiting).await.expect("task").expect("the waiter gets it");
-    assert!(released.elapsed() < secs(1), "heard the hand-over only after {:?}", released.elapsed());
-    assert!(holder.force_unlock("pooled").await.expect("force_unlock"));
-    assert_eq!(next.release().await.expect("release"), ReleaseOutcome::Expired);
-    assert!(bouncer.log().contains("login attempt"), "the clients did not go through the pool:\n{}", bouncer.log());
+    .await
 }

@@ -86,25 +86,28 @@ async fn redis_killed_process_frees_lock_within_ttl() {
 /// same client reconnects and can lock again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_server_restart_loses_lock_and_client_recovers() {
-    const KEY: &str = "restart";
-    let mut fx = Fixture::redis().await;
-    let guard = fx.client().lock(KEY).ttl(secs(1)).acquire().await.expect("acquire");
-    let before = guard.fencing_token();
-    fx.server_mut().expect("redis fixture").restart();
+    distlock_tests::wall_clock::again_if_the_wall_clock_stepped(|| async {
+        const KEY: &str = "restart";
+        let mut fx = Fixture::redis().await;
+        let guard = fx.client().lock(KEY).ttl(secs(1)).acquire().await.expect("acquire");
+        let before = guard.fencing_token();
+        fx.server_mut().expect("redis fixture").restart();
 
-    within(secs(5), "the guard notices the restart", guard.lost()).await;
-    assert!(guard.is_lost());
-    drop(guard);
+        within(secs(5), "the guard notices the restart", guard.lost()).await;
+        assert!(guard.is_lost());
+        drop(guard);
 
-    let recovered = acquire_after_recovery(Instant::now() + secs(10), "after the server restarted", || {
-        fx.client().lock(KEY).wait(secs(5))
-    });
-    let again = within(secs(20), "lock after the restart", recovered).await;
-    // The counter went with the data; a new grant still works and is reported consistently.
-    let info = fx.client().lock_info(KEY).await.unwrap().expect("held");
-    assert_eq!(info.fencing_token, again.fencing_token());
-    eprintln!("fencing token {before} before the restart, {} after", again.fencing_token());
-    assert!(matches!(again.release().await.expect("release"), ReleaseOutcome::Released));
+        let recovered = acquire_after_recovery(Instant::now() + secs(10), "after the server restarted", || {
+            fx.client().lock(KEY).wait(secs(5))
+        });
+        let again = within(secs(20), "lock after the restart", recovered).await;
+        // The counter went with the data; a new grant still works and is reported consistently.
+        let info = fx.client().lock_info(KEY).await.unwrap().expect("held");
+        assert_eq!(info.fencing_token, again.fencing_token());
+        eprintln!("fencing token {before} before the restart, {} after", again.fencing_token());
+        assert!(matches!(again.release().await.expect("release"), ReleaseOutcome::Released));
+    })
+    .await
 }
 
 /// An unreachable server gives a backend error naming the server, with the password redacted.

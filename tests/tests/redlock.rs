@@ -258,53 +258,56 @@ async fn a_release_says_expired_only_when_the_servers_say_so() {
 /// Redlock promises no fairness.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_tasks_on_four_keys_never_overlap() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    let _serial = distlock_tests::serial().await;
-    let fixture = Fixture::redlock().await;
-    let clients = [fixture.client().clone(), fixture.other_client().await];
-    let inside: Arc<[AtomicUsize; 4]> = Arc::new(Default::default());
-    let overlaps = Arc::new(AtomicUsize::new(0));
-    let counters: Vec<_> = (0..4).map(|k| fixture.counter(&format!("c{k}"))).collect();
-    let until = Instant::now() + secs(2);
-    let mut tasks = tokio::task::JoinSet::new();
-    for t in 0..64 {
-        let (client, inside, overlaps) = (clients[t % 2].clone(), inside.clone(), overlaps.clone());
-        let counter = counters[t % 4].clone();
-        tasks.spawn(async move {
-            let mut grants = 0usize;
-            while Instant::now() < until {
-                let body = async {
-                    if inside[t % 4].fetch_add(1, Ordering::SeqCst) != 0 {
-                        overlaps.fetch_add(1, Ordering::SeqCst);
+    distlock_tests::wall_clock::again_if_the_wall_clock_stepped(|| async {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let _serial = distlock_tests::serial().await;
+        let fixture = Fixture::redlock().await;
+        let clients = [fixture.client().clone(), fixture.other_client().await];
+        let inside: Arc<[AtomicUsize; 4]> = Arc::new(Default::default());
+        let overlaps = Arc::new(AtomicUsize::new(0));
+        let counters: Vec<_> = (0..4).map(|k| fixture.counter(&format!("c{k}"))).collect();
+        let until = Instant::now() + secs(2);
+        let mut tasks = tokio::task::JoinSet::new();
+        for t in 0..64 {
+            let (client, inside, overlaps) = (clients[t % 2].clone(), inside.clone(), overlaps.clone());
+            let counter = counters[t % 4].clone();
+            tasks.spawn(async move {
+                let mut grants = 0usize;
+                while Instant::now() < until {
+                    let body = async {
+                        if inside[t % 4].fetch_add(1, Ordering::SeqCst) != 0 {
+                            overlaps.fetch_add(1, Ordering::SeqCst);
+                        }
+                        counter.racy_increment(ms(1)).await;
+                        inside[t % 4].fetch_sub(1, Ordering::SeqCst);
+                    };
+                    match client.lock(format!("hot:{}", t % 4)).ttl(secs(2)).wait(ms(500)).run(body).await {
+                        Ok(()) => grants += 1,
+                        Err(e) if e.is_busy() => {}
+                        Err(e) => panic!("task {t}: {e}"),
                     }
-                    counter.racy_increment(ms(1)).await;
-                    inside[t % 4].fetch_sub(1, Ordering::SeqCst);
-                };
-                match client.lock(format!("hot:{}", t % 4)).ttl(secs(2)).wait(ms(500)).run(body).await {
-                    Ok(()) => grants += 1,
-                    Err(e) if e.is_busy() => {}
-                    Err(e) => panic!("task {t}: {e}"),
                 }
-            }
-            (t % 4, grants)
-        });
-    }
-    let mut per_key = [0i64; 4];
-    let mut per_task = Vec::new();
-    while let Some(joined) = tasks.join_next().await {
-        let (key, grants) = joined.expect("task");
-        per_key[key] += grants as i64;
-        per_task.push(grants);
-    }
-    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two bodies of one key ran at once");
-    for (k, counter) in counters.iter().enumerate() {
-        assert_eq!(counter.get().await, per_key[k], "key {k}: lost updates");
-    }
-    let total: usize = per_task.iter().sum();
-    assert!(total > 0, "no task got any lock");
-    let (min, max) = (per_task.iter().min().copied(), per_task.iter().max().copied());
-    eprintln!("redlock fairness, 64 tasks on 4 keys for 2 s: {total} grants, per task min {min:?} max {max:?}");
+                (t % 4, grants)
+            });
+        }
+        let mut per_key = [0i64; 4];
+        let mut per_task = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            let (key, grants) = joined.expect("task");
+            per_key[key] += grants as i64;
+            per_task.push(grants);
+        }
+        assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two bodies of one key ran at once");
+        for (k, counter) in counters.iter().enumerate() {
+            assert_eq!(counter.get().await, per_key[k], "key {k}: lost updates");
+        }
+        let total: usize = per_task.iter().sum();
+        assert!(total > 0, "no task got any lock");
+        let (min, max) = (per_task.iter().min().copied(), per_task.iter().max().copied());
+        eprintln!("redlock fairness, 64 tasks on 4 keys for 2 s: {total} grants, per task min {min:?} max {max:?}");
+    })
+    .await
 }
 
 /// A Redlock client's `Debug` names each of its servers and none of their passwords (what `bad_input` checks

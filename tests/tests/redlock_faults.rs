@@ -155,20 +155,23 @@ async fn a_round_ends_once_its_outcome_is_certain_and_not_before() {
 /// what happened there: like every Redis error, it says which server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_majority_s_error_names_a_silent_server() {
-    let _serial = distlock_tests::serial().await;
-    let fixture = Fixture::redlock().await;
-    let servers: Vec<&RedisServer> = fixture.redlock_servers().collect();
-    // Resumed (SIGCONT) when dropped, also when an assertion fails.
-    let _hung = [servers[0].freeze(), servers[1].freeze()];
-    // ttl 2 s: each server gets a twentieth of it, 100 ms, to answer.
-    let acquire = fixture.client().lock("hung-majority").ttl(secs(2)).acquire();
-    let error = within(secs(10), "a round without a quorum", acquire).await.expect_err("one of three granted");
-    let message = error.to_string();
-    assert!(message.contains("only 1 of 3 servers"), "{message}");
-    assert!(message.contains("no answer within redlock's per-server timeout"), "{message}");
-    assert!(message.contains(&format!(" at {} ", servers[0].url())), "the silent server is not named: {message}");
-    // What to do: the round's own wait decided, not the response timeout.
-    assert!(message.contains("redlock waits 100ms for each server's reply"), "a wrong hint: {message}");
+    distlock_tests::wall_clock::again_if_the_wall_clock_stepped(|| async {
+        let _serial = distlock_tests::serial().await;
+        let fixture = Fixture::redlock().await;
+        let servers: Vec<&RedisServer> = fixture.redlock_servers().collect();
+        // Resumed (SIGCONT) when dropped, also when an assertion fails.
+        let _hung = [servers[0].freeze(), servers[1].freeze()];
+        // ttl 2 s: each server gets a twentieth of it, 100 ms, to answer.
+        let acquire = fixture.client().lock("hung-majority").ttl(secs(2)).acquire();
+        let error = within(secs(10), "a round without a quorum", acquire).await.expect_err("one of three granted");
+        let message = error.to_string();
+        assert!(message.contains("only 1 of 3 servers"), "{message}");
+        assert!(message.contains("no answer within redlock's per-server timeout"), "{message}");
+        assert!(message.contains(&format!(" at {} ", servers[0].url())), "the silent server is not named: {message}");
+        // What to do: the round's own wait decided, not the response timeout.
+        assert!(message.contains("redlock waits 100ms for each server's reply"), "a wrong hint: {message}");
+    })
+    .await
 }
 
 /// The engine retries a failed round with the same token, and a failed round gives its grants back by that

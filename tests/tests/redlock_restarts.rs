@@ -92,34 +92,39 @@ async fn a_client_built_after_a_restart_does_not_count_the_emptied_server() {
 /// had passed for given back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_deleted_from_every_server_is_lost_and_the_renewal_s_takes_are_given_back() {
-    let fixture = Fixture::redlock().await;
-    let record = fixture.client().record_key("gone");
-    let guard = fixture.client().lock("gone").ttl(ms(900)).acquire().await.expect("acquire");
-    eventually(secs(5), "on all three servers", || async { servers_with(&fixture, &record).await == 3 }).await;
-    // Given back, not expired (they would be, within the 900 ms lease): wherever a script took the record
-    // again, a script deletes it afterwards (the test's own DEL is not a script's).
-    let monitors: Vec<Monitor> = fixture.redlock_servers().map(Monitor::start).collect();
-    let mut marks = Vec::new();
-    for (monitor, mut conn) in monitors.iter().zip(fixture.redlock_connections()) {
-        marks.push(monitor.mark(&mut conn, "before the record vanishes").await);
-    }
-    fixture.vanish_record("gone").await;
-    within(secs(5), "the holder learns it lost the lock", guard.lost()).await;
-    eventually(secs(5), "the takes gone", || async { servers_with(&fixture, &record).await == 0 }).await;
-    let (take, give_back) = (format!("lua] \"set\" \"{record}\""), format!("lua] \"del\" \"{record}\""));
-    let mut taken = 0;
-    for (i, ((monitor, from), mut conn)) in monitors.iter().zip(marks).zip(fixture.redlock_connections()).enumerate() {
-        let until = monitor.mark(&mut conn, "after").await;
-        let lines = &monitor.lines()[from..until];
-        if let Some(at) = lines.iter().rposition(|line| line.contains(&take)) {
-            taken += 1;
-            let given_back = lines[at..].iter().any(|line| line.contains(&give_back));
-            assert!(given_back, "server {i}: the take expired, never given back:\n{}", monitor.tail(20));
+    distlock_tests::wall_clock::again_if_the_wall_clock_stepped(|| async {
+        let fixture = Fixture::redlock().await;
+        let record = fixture.client().record_key("gone");
+        let guard = fixture.client().lock("gone").ttl(ms(900)).acquire().await.expect("acquire");
+        eventually(secs(5), "on all three servers", || async { servers_with(&fixture, &record).await == 3 }).await;
+        // Given back, not expired (they would be, within the 900 ms lease): wherever a script took the record
+        // again, a script deletes it afterwards (the test's own DEL is not a script's).
+        let monitors: Vec<Monitor> = fixture.redlock_servers().map(Monitor::start).collect();
+        let mut marks = Vec::new();
+        for (monitor, mut conn) in monitors.iter().zip(fixture.redlock_connections()) {
+            marks.push(monitor.mark(&mut conn, "before the record vanishes").await);
         }
-    }
-    // The loss was decided on two servers that did not count, each taken again.
-    assert!(taken >= 2, "the renewal took the lock again on {taken} servers");
-    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Expired);
+        fixture.vanish_record("gone").await;
+        within(secs(5), "the holder learns it lost the lock", guard.lost()).await;
+        eventually(secs(5), "the takes gone", || async { servers_with(&fixture, &record).await == 0 }).await;
+        let (take, give_back) = (format!("lua] \"set\" \"{record}\""), format!("lua] \"del\" \"{record}\""));
+        let mut taken = 0;
+        for (i, ((monitor, from), mut conn)) in
+            monitors.iter().zip(marks).zip(fixture.redlock_connections()).enumerate()
+        {
+            let until = monitor.mark(&mut conn, "after").await;
+            let lines = &monitor.lines()[from..until];
+            if let Some(at) = lines.iter().rposition(|line| line.contains(&take)) {
+                taken += 1;
+                let given_back = lines[at..].iter().any(|line| line.contains(&give_back));
+                assert!(given_back, "server {i}: the take expired, never given back:\n{}", monitor.tail(20));
+            }
+        }
+        // The loss was decided on two servers that did not count, each taken again.
+        assert!(taken >= 2, "the renewal took the lock again on {taken} servers");
+        assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Expired);
+    })
+    .await
 }
 
 /// Issue 31, schedule 4: a release that missed a server, then one restart, must not give two holders.
@@ -134,82 +139,89 @@ async fn a_record_deleted_from_every_server_is_lost_and_the_renewal_s_takes_are_
 /// again, and releases `Released`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s31_4_a_release_that_missed_a_server_then_one_restart_gives_no_second_holder() {
-    use distlock_tests::proxy::{Fault, FaultProxy};
-    let _serial = distlock_tests::serial().await;
-    let mut fixture = Fixture::redlock().await;
-    let record = fixture.client().record_key("s31");
-    let servers: Vec<&RedisServer> = fixture.redlock_servers().collect();
-    let proxy_c = FaultProxy::to_port(servers[2].port()).await;
-    let urls = [servers[0].url(), servers[1].url(), proxy_c.url()];
-    let p = Client::builder().redlock(urls).owner("p").build().await.expect("P's client, C through the proxy");
-    let x = fixture.client_with(|b| b.owner("x")).await;
-    let y = fixture.client_with(|b| b.owner("y")).await;
-    let mut conns = fixture.redlock_connections();
-    let holder_on = |conn: &redis::aio::MultiplexedConnection| {
-        let (mut conn, record) = (conn.clone(), record.clone());
-        async move { conn.get::<_, Option<String>>(&record).await.expect("GET").unwrap_or_default() }
-    };
-    // X's and Y's ttl: X's first renewal comes 3 s after its grant, long after P's record on C lapsed.
-    let ttl = secs(9);
+    distlock_tests::wall_clock::again_if_the_wall_clock_stepped(|| async {
+        use distlock_tests::proxy::{Fault, FaultProxy};
+        let _serial = distlock_tests::serial().await;
+        let mut fixture = Fixture::redlock().await;
+        let record = fixture.client().record_key("s31");
+        let servers: Vec<&RedisServer> = fixture.redlock_servers().collect();
+        let proxy_c = FaultProxy::to_port(servers[2].port()).await;
+        let urls = [servers[0].url(), servers[1].url(), proxy_c.url()];
+        let p = Client::builder().redlock(urls).owner("p").build().await.expect("P's client, C through the proxy");
+        let x = fixture.client_with(|b| b.owner("x")).await;
+        let y = fixture.client_with(|b| b.owner("y")).await;
+        let mut conns = fixture.redlock_connections();
+        let holder_on = |conn: &redis::aio::MultiplexedConnection| {
+            let (mut conn, record) = (conn.clone(), record.clone());
+            async move { conn.get::<_, Option<String>>(&record).await.expect("GET").unwrap_or_default() }
+        };
+        // X's and Y's ttl: X's first renewal comes 3 s after its grant, long after P's record on C lapsed.
+        let ttl = secs(9);
 
-    // P holds on A, B, C; its release reaches A and B only.
-    let p_guard = p.lock("s31").ttl(ms(1500)).acquire().await.expect("P acquires");
-    eventually(secs(5), "P on all three servers", || async { servers_with(&fixture, &record).await == 3 }).await;
-    proxy_c.set_fault(Fault::Blackhole);
-    assert_eq!(p_guard.release().await.expect("P's release"), ReleaseOutcome::Released, "A and B released");
-    assert!(holder_on(&conns[2]).await.ends_with(":1:p"), "P's record is not left on C");
+        // P holds on A, B, C; its release reaches A and B only.
+        let p_guard = p.lock("s31").ttl(ms(1500)).acquire().await.expect("P acquires");
+        eventually(secs(5), "P on all three servers", || async { servers_with(&fixture, &record).await == 3 }).await;
+        proxy_c.set_fault(Fault::Blackhole);
+        assert_eq!(p_guard.release().await.expect("P's release"), ReleaseOutcome::Released, "A and B released");
+        assert!(holder_on(&conns[2]).await.ends_with(":1:p"), "P's record is not left on C");
 
-    // X: A and B grant, C is busy with P's record.
-    let x_guard = x.lock("s31").ttl(ttl).acquire().await.expect("X acquires on A and B");
-    let granted = Instant::now();
-    for i in [0, 1] {
-        assert!(holder_on(&conns[i]).await.ends_with(":1:x"), "X's record not on server {i}");
-    }
-    assert!(holder_on(&conns[2]).await.ends_with(":1:p"), "P's record left C before X's grant: not the schedule");
-
-    // A crashes and comes back empty.
-    fixture.redlock_server_mut(0).restart();
-    conns[0] = fixture.redlock_servers().next().expect("A").connection().await;
-    assert_eq!(holder_on(&conns[0]).await, "", "A kept the record across its restart");
-
-    // Y tries until P's record on C has lapsed and a while after; X's first renewal is 3 s after its grant.
-    let mut lapsed = None;
-    let mut y_grants = Vec::new();
-    while granted.elapsed() < ms(2800) {
-        if lapsed.is_none() && !holder_on(&conns[2]).await.ends_with(":1:p") {
-            lapsed = Some(granted.elapsed());
+        // X: A and B grant, C is busy with P's record.
+        let x_guard = x.lock("s31").ttl(ttl).acquire().await.expect("X acquires on A and B");
+        let granted = Instant::now();
+        for i in [0, 1] {
+            assert!(holder_on(&conns[i]).await.ends_with(":1:x"), "X's record not on server {i}");
         }
-        if let Some(y_guard) = y.lock("s31").ttl(ttl).try_acquire().await.expect("Y's try_acquire") {
-            y_grants.push((granted.elapsed(), x_guard.is_lost(), y_guard.is_lost()));
-            y_guard.release().await.expect("Y's release");
-        }
-        tokio::time::sleep(ms(20)).await;
-    }
-    let lapsed = lapsed.expect("P's record on C did not lapse within 2.8 s of X's grant");
-    eprintln!("s31_4: P's record on C lapsed {lapsed:?} after X's grant; Y was granted {} times", y_grants.len());
-    let both: Vec<_> = y_grants.iter().filter(|(_, x_lost, y_lost)| !x_lost && !y_lost).collect();
-    let first = both.first();
-    assert!(both.is_empty(), "two holders: Y granted {} times while X's guard read valid, first {first:?}", both.len());
-    assert!(y_grants.is_empty(), "Y was granted while X held the lock: {y_grants:?}");
+        assert!(holder_on(&conns[2]).await.ends_with(":1:p"), "P's record left C before X's grant: not the schedule");
 
-    // X's renewals keep it and take it again on A and C: it stands on every server, and releases.
-    let on_all = || async {
-        let mut holders = Vec::new();
-        for conn in &conns {
-            holders.push(holder_on(conn).await);
+        // A crashes and comes back empty.
+        fixture.redlock_server_mut(0).restart();
+        conns[0] = fixture.redlock_servers().next().expect("A").connection().await;
+        assert_eq!(holder_on(&conns[0]).await, "", "A kept the record across its restart");
+
+        // Y tries until P's record on C has lapsed and a while after; X's first renewal is 3 s after its grant.
+        let mut lapsed = None;
+        let mut y_grants = Vec::new();
+        while granted.elapsed() < ms(2800) {
+            if lapsed.is_none() && !holder_on(&conns[2]).await.ends_with(":1:p") {
+                lapsed = Some(granted.elapsed());
+            }
+            if let Some(y_guard) = y.lock("s31").ttl(ttl).try_acquire().await.expect("Y's try_acquire") {
+                y_grants.push((granted.elapsed(), x_guard.is_lost(), y_guard.is_lost()));
+                y_guard.release().await.expect("Y's release");
+            }
+            tokio::time::sleep(ms(20)).await;
         }
-        holders
-    };
-    let deadline = Instant::now() + secs(8);
-    loop {
-        let holders = on_all().await;
-        if holders.iter().all(|h| h.ends_with(":1:x")) {
-            break;
+        let lapsed = lapsed.expect("P's record on C did not lapse within 2.8 s of X's grant");
+        eprintln!("s31_4: P's record on C lapsed {lapsed:?} after X's grant; Y was granted {} times", y_grants.len());
+        let both: Vec<_> = y_grants.iter().filter(|(_, x_lost, y_lost)| !x_lost && !y_lost).collect();
+        let first = both.first();
+        assert!(
+            both.is_empty(),
+            "two holders: Y granted {} times while X's guard read valid, first {first:?}",
+            both.len()
+        );
+        assert!(y_grants.is_empty(), "Y was granted while X held the lock: {y_grants:?}");
+
+        // X's renewals keep it and take it again on A and C: it stands on every server, and releases.
+        let on_all = || async {
+            let mut holders = Vec::new();
+            for conn in &conns {
+                holders.push(holder_on(conn).await);
+            }
+            holders
+        };
+        let deadline = Instant::now() + secs(8);
+        loop {
+            let holders = on_all().await;
+            if holders.iter().all(|h| h.ends_with(":1:x")) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "X not on all three servers 8 s on: {holders:?}");
+            tokio::time::sleep(ms(10)).await;
         }
-        assert!(Instant::now() < deadline, "X not on all three servers 8 s on: {holders:?}");
-        tokio::time::sleep(ms(10)).await;
-    }
-    assert!(!x_guard.is_lost(), "X lost the lock");
-    assert_eq!(x_guard.release().await.expect("X's release"), ReleaseOutcome::Released);
-    drop(proxy_c);
+        assert!(!x_guard.is_lost(), "X lost the lock");
+        assert_eq!(x_guard.release().await.expect("X's release"), ReleaseOutcome::Released);
+        drop(proxy_c);
+    })
+    .await
 }
