@@ -124,6 +124,9 @@ pub struct Releasing {
     parts: Vec<(String, String, bool)>,
     /// When the release began: releases the store applied from then on are this one's (or a concurrent one's).
     started: Instant,
+    /// Each part's grant, to read once the release returned whether it sent anything: a grant the store had
+    /// said was gone (a renewal refused, a shutdown's release) sends nothing.
+    grants: Vec<Arc<Grant>>,
 }
 
 impl World {
@@ -235,10 +238,19 @@ impl World {
         self.state().truth.forced.contains(token)
     }
 
-    /// Whether `outcome` can be true of the release of `token` on `record` that ran from `from` to `to`.
-    fn could_be(&self, record: &str, token: &str, from: Instant, to: Instant, outcome: ReleaseOutcome) -> bool {
+    /// Whether `outcome` can be true of the release of `token` on `record` that ran from `from` to `to`;
+    /// `sent_nothing`: its grant was one the store had said was gone, so the release sent nothing.
+    fn could_be(
+        &self,
+        record: &str,
+        token: &str,
+        during: (Instant, Instant),
+        outcome: ReleaseOutcome,
+        sent_nothing: bool,
+    ) -> bool {
+        let (from, to) = during;
         if let super::Model::Redlock(n) = self.config.model {
-            return self.could_be_on_a_quorum(n, record, token, (from, to), outcome);
+            return self.could_be_on_a_quorum(n, record, token, (from, to), outcome, sent_nothing);
         }
         let state = self.state();
         let all = state.truth.releases.get(token).map_or(&[][..], Vec::as_slice);

@@ -215,13 +215,13 @@ impl Sim {
     /// `guard`'s release is about to start: what to check its outcome against ([`Sim::released`]).
     pub fn releasing(&self, guard: &LockGuard) -> Releasing {
         let all_nested = guard.is_nested();
-        let parts = guard
-            .grants()
+        let grants = guard.grants();
+        let parts = grants
             .iter()
             // A key the running lock body holds is left to it.
             .map(|grant| (grant.keys.record.clone(), grant.token.as_str().to_owned(), all_nested || held(grant)))
             .collect();
-        Releasing { parts, started: Instant::now() }
+        Releasing { parts, started: Instant::now(), grants }
     }
 
     /// A release returned `outcome`: it must be the true one. `Released` only if the store held this grant
@@ -240,8 +240,15 @@ impl Sim {
         world.trace(|| format!("c{client} {name}: released: {outcome:?}"));
         let Ok(outcome) = *outcome else { return };
         let (from, to) = (releasing.started, Instant::now());
-        let owned: Vec<&(String, String, bool)> = releasing.parts.iter().filter(|p| !p.2).collect();
-        let true_of = |(record, token, _): &&(String, String, bool)| world.could_be(record, token, from, to, outcome);
+        // With each part, whether its release sent nothing (read now: a renewal in flight when the release began
+        // may have said the grant gone before it).
+        let owned: Vec<(&(String, String, bool), bool)> = (releasing.parts.iter().zip(&releasing.grants))
+            .filter(|(p, _)| !p.2)
+            .map(|(p, grant)| (p, grant.lease().gone))
+            .collect();
+        let true_of = |((record, token, _), sent_nothing): &(&(String, String, bool), bool)| {
+            world.could_be(record, token, (from, to), outcome, *sent_nothing)
+        };
         let right = match outcome {
             ReleaseOutcome::Nested => owned.is_empty(),
             _ if owned.is_empty() => false,
@@ -251,7 +258,7 @@ impl Sim {
         if !right {
             let found: Vec<String> = owned
                 .iter()
-                .map(|(record, token, _)| {
+                .map(|((record, token, _), _)| {
                     let now = match world.peek(record) {
                         Some((Some(holder), ..)) if holder == *token => "still its".to_owned(),
                         Some((Some(holder), ..)) => format!("{}'s", short(&holder)),

@@ -10,7 +10,7 @@ use crate::ReleaseOutcome;
 
 impl World {
     /// Whether `outcome` can be true of the release of `token` at `record` that ran `during` (from, to) on a
-    /// group of `n` servers.
+    /// group of `n` servers; `sent_nothing`: its grant was one a round had said was gone.
     pub(super) fn could_be_on_a_quorum(
         &self,
         n: usize,
@@ -18,6 +18,7 @@ impl World {
         token: &str,
         during: (Instant, Instant),
         outcome: ReleaseOutcome,
+        sent_nothing: bool,
     ) -> bool {
         let ((from, to), quorum) = (during, n / 2 + 1);
         let state = self.state();
@@ -47,14 +48,15 @@ impl World {
             // after a send of ours had freed it there), or, unreached, holds none now: then no quorum held it.
             // A server that failed while holding it, or whose record a send of ours freed before a resend
             // found nothing, may be part of a quorum that still held it: the round must say so, not Expired.
-            // No send of it found nothing anywhere: it sent nothing, a round having said the grant lost (a
-            // renewal that found no quorum holding it; guard.rs), and what the store applied meanwhile is the
-            // engine's give-back, in the background, of what that renewal took again.
+            // No send of it found nothing anywhere: then it must have sent nothing, a round having said the grant
+            // gone (a renewal that found no quorum holding it, or a shutdown's release; grant.rs), and what the
+            // store applied meanwhile is the engine's give-back, in the background, of what that renewal took
+            // again, or the shutdown's release.
             ReleaseOutcome::Expired => {
                 let reached: Vec<Vec<Applied>> = (0..n).map(|node| on(node, from)).collect();
                 drop(state);
                 if !reached.iter().flatten().any(|a| a.found == Found::Nobody) {
-                    return true;
+                    return sent_nothing;
                 }
                 let gone = reached
                     .iter()
