@@ -278,13 +278,14 @@ impl World {
                 let found: Vec<Applied> = within.copied().collect();
                 !resent_after_ours(&found) && found.iter().any(|a| a.found == Found::Nobody)
             }
-            // Nothing sent (the store said the grant was gone): it must be, unless a failover since the grant
-            // promoted a replica that had missed what removed it (redis+replicas seed 90623: a force_unlock's
-            // delete, not yet replicated, and the old record back on the new primary).
+            // Nothing applied: nothing sent (the store had said the grant was gone; a release sent and lost is an
+            // error, not an outcome), and the grant gone, unless a failover since the grant promoted a replica
+            // that had missed what removed it (redis+replicas seed 90623: a force_unlock's delete, not yet
+            // replicated, and the old record back on the new primary).
             ReleaseOutcome::Expired => {
                 let rolled_back = state.truth.failovers.iter().any(|&at| at >= since);
                 drop(state);
-                rolled_back || self.found(record, token) != Found::Ours
+                sent_nothing && (rolled_back || self.found(record, token) != Found::Ours)
             }
         }
     }
