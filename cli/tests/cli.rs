@@ -21,6 +21,8 @@ async fn ls_lists_held_locks_sorted_as_a_table_and_as_json() {
 
     let table = distlock(&["--url", &url, "ls"], None).await;
     assert_exit(&table, 0);
+    // The library's warnings reach stderr (topologies.rs); a healthy server gives none.
+    assert!(table.stderr.is_empty(), "stderr: {}", stderr(&table));
     let text = stdout(&table);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 4, "{text}");
@@ -427,4 +429,22 @@ async fn ls_lists_real_and_says(url: &str, also: &[&[&str]], note: &str) {
         assert!(!stdout(&output).contains("lookalike"), "{args:?}: {}", stdout(&output));
         assert!(stderr(&output).contains(note), "{args:?}: {}", stderr(&output));
     }
+}
+
+/// A server whose eviction policy may drop lock records: the tool says so on stderr (the library's warning at
+/// connect, one line naming the policy and what to set), lists as usual on stdout and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicting_server_is_warned_of_on_stderr_only() {
+    let server = RedisServer::with_args(["--maxmemory-policy", "allkeys-lru"]);
+    let url = server.url();
+    let client = client(&url, "web-1").await;
+    let _held = client.lock("evictable").ttl(TTL).acquire().await.unwrap();
+    let output = distlock(&["--url", &url, "ls", "--json"], None).await;
+    assert_exit(&output, 0);
+    let listed: Value = serde_json::from_slice(&output.stdout).expect("stdout is the listing alone");
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+    let err = stderr(&output);
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(warnings.len(), 1, "stderr: {err}");
+    assert!(warnings[0].contains("allkeys-lru") && warnings[0].contains("noeviction"), "stderr: {err}");
 }
