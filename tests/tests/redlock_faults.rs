@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use distlock::{Client, LockError, ReleaseOutcome};
+use distlock_tests::logs;
 use distlock_tests::monitor::Monitor;
 use distlock_tests::redlock::{client_with_response_timeout, given_back, held_alone, servers_with};
 use distlock_tests::renewals::{assert_on_schedule, renewed_again, RenewalWatch};
@@ -13,6 +14,7 @@ use distlock_tests::time::{ms, secs};
 use distlock_tests::{busy_for_outsiders, eventually, within, Fixture, RedisServer};
 use redis::AsyncCommands;
 use tokio::time::Instant;
+use tracing::Level;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_minority_costs_nothing_locks_and_renewals_go_on() {
@@ -320,4 +322,55 @@ async fn gone_or_free_is_said_only_by_a_quorum() {
     assert!(text.contains("2 of 5") || text.contains("0 of 5"), "the error does not count the servers: {text}");
     hung.into_iter().for_each(Stopped::resume);
     drop(guard);
+}
+
+/// A server that goes down while the client runs is named in one WARN once three of its calls in a row failed
+/// (the locks go on, on the other two), and at INFO once it answers again. Before, nothing said so: the group
+/// ran on two of three servers unnoticed until one more failure would stop every lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_down_is_warned_of_once_and_its_return_is_told() {
+    let captured = logs::capture();
+    let mut fixture = Fixture::redlock().await;
+    let client = fixture.client().clone();
+    let down = fixture.redlock_servers().nth(1).expect("server 1").url();
+    let cycle = |i: usize| {
+        let client = client.clone();
+        async move {
+            let guard = client.lock(format!("health:{i}")).ttl(secs(5)).acquire().await.expect("two of three grant");
+            assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+        }
+    };
+    for i in 0..3 {
+        cycle(i).await;
+    }
+    assert!(captured.matching(Level::WARN, &["calls in a row", &down]).is_empty(), "{}", captured.dump());
+
+    fixture.redlock_server_mut(1).kill();
+    let mut i = 3;
+    eventually(secs(10), "a warning naming the server down", || {
+        i += 1;
+        let cycle = cycle(i);
+        async {
+            cycle.await;
+            !captured.matching(Level::WARN, &["failed 3 calls in a row", &down]).is_empty()
+        }
+    })
+    .await;
+    for i in 100..110 {
+        cycle(i).await;
+    }
+    let warned = captured.matching(Level::WARN, &["calls in a row", &down]);
+    assert_eq!(warned.len(), 1, "warned of more than once:\n{}", captured.dump());
+
+    fixture.redlock_server_mut(1).restart();
+    let mut i = 200;
+    eventually(secs(10), "the server's return told", || {
+        i += 1;
+        let cycle = cycle(i);
+        async {
+            cycle.await;
+            !captured.matching(Level::INFO, &["answers again", &down]).is_empty()
+        }
+    })
+    .await;
 }

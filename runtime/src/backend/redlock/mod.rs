@@ -20,6 +20,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use self::health::Health;
 pub(crate) use self::listing::RedlockCursor;
 use self::renewal::Live;
 use self::restart::Vote;
@@ -29,6 +30,7 @@ use super::{Place, Renewal, Scan, Store, WakeUps};
 use crate::backend::redis::errors::redis_error_with_hint;
 use crate::error::redact_url;
 
+mod health;
 mod listing;
 mod renewal;
 mod restart;
@@ -51,6 +53,8 @@ pub(crate) struct RedlockBackend {
     /// The servers' URLs, passwords redacted, for messages.
     names: String,
     response: Duration,
+    /// Which servers answer (health.rs).
+    health: Arc<Health>,
 }
 
 impl std::fmt::Debug for RedlockBackend {
@@ -100,12 +104,13 @@ impl RedlockBackend {
         let connected =
             futures_util::future::join_all(urls.iter().map(|url| RedisBackend::connect_or_later(url, settings))).await;
         let mark = restart::mark_key(settings.prefix);
-        let (mut servers, mut silent) = (Vec::with_capacity(urls.len()), Vec::new());
-        for server in connected {
+        let (mut servers, mut silent, mut silent_at) = (Vec::with_capacity(urls.len()), Vec::new(), Vec::new());
+        for (i, server) in connected.into_iter().enumerate() {
             let server = match server? {
                 Ok(server) => server,
                 Err((server, error)) => {
                     silent.push(error);
+                    silent_at.push(i);
                     server
                 }
             };
@@ -132,7 +137,8 @@ impl RedlockBackend {
         }
         restart::mark_fresh_group(&servers, !silent.is_empty()).await?;
         let (unfinished, live) = (Unfinished::default(), Live::default());
-        Ok(Self { servers, unfinished, live, names, response: settings.timeouts.response })
+        let health = Arc::new(Health::new(servers.iter().map(|s| s.server().to_owned()).collect(), &silent_at));
+        Ok(Self { servers, unfinished, live, names, response: settings.timeouts.response, health })
     }
 
     /// A group of simulated servers (deterministic simulation, tests only), each already marked as a group
@@ -140,9 +146,10 @@ impl RedlockBackend {
     #[cfg(feature = "simulation")]
     pub(crate) fn simulated(servers: Vec<RedisBackend>, prefix: &str, response: Duration) -> Self {
         let mark = restart::mark_key(prefix);
-        let servers = servers.into_iter().map(|server| Arc::new(server.plain(&mark))).collect();
+        let servers: Vec<Arc<RedisBackend>> = servers.into_iter().map(|server| Arc::new(server.plain(&mark))).collect();
         let (unfinished, live) = (Unfinished::default(), Live::default());
-        Self { servers, unfinished, live, names: "sim://redlock".into(), response }
+        let health = Arc::new(Health::new(servers.iter().map(|s| s.server().to_owned()).collect(), &[]));
+        Self { servers, unfinished, live, names: "sim://redlock".into(), response, health }
     }
 
     fn quorum(&self) -> usize {
@@ -233,6 +240,7 @@ impl Store for RedlockBackend {
         let mut rx = self.fan_out(|server, tx, i| {
             let (keys, token, metadata, mut told) =
                 (Arc::clone(&keys_shared), token.clone(), metadata.clone(), told.clone());
+            let health = Arc::clone(&self.health);
             let under_way = self.unfinished.begin(i, &token);
             if let Some(call) = &under_way {
                 began.borrow_mut().push(call.kept());
@@ -253,6 +261,7 @@ impl Store for RedlockBackend {
                     return;
                 };
                 let reply = server.acquire_plain(&keys, &token, ttl, &metadata).await.map(|a| Vote::of(a, ttl));
+                health.note(i, &reply);
                 // Busy: another token holds it there, so this one holds nothing to give back.
                 let maybe_ours = !matches!(reply, Ok(Vote::Busy(_)));
                 let _ = tx.send((i, reply));
@@ -372,10 +381,13 @@ impl Store for RedlockBackend {
         let shared = Arc::new(keys.clone());
         let mut rx = self.fan_out(|server, tx, i| {
             let (keys, token, unfinished) = (Arc::clone(&shared), token.clone(), self.unfinished.clone());
+            let health = Arc::clone(&self.health);
             async move {
                 // After this token's acquire or take on the server, if one is under way: never before it.
                 unfinished.over(i, &token).await;
-                let _ = tx.send((i, server.release(&keys, &token, fence, keep).await));
+                let reply = server.release(&keys, &token, fence, keep).await;
+                health.note(i, &reply);
+                let _ = tx.send((i, reply));
             }
         });
         let quorum = self.quorum();

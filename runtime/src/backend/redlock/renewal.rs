@@ -99,7 +99,7 @@ impl RedlockBackend {
         let (verdict, told) = watch::channel::<Option<Arc<[bool]>>>(None);
         let mut rx = self.fan_out(|server, tx, i| {
             let (owned, mut told) = (Arc::clone(&owned), told.clone());
-            let (live, unfinished) = (self.live.clone(), self.unfinished.clone());
+            let (live, unfinished, health) = (self.live.clone(), self.unfinished.clone(), Arc::clone(&self.health));
             async move {
                 let items: Vec<Renewal<'_>> =
                     owned.iter().map(|(keys, token, ttl)| Renewal { keys, token, ttl: *ttl }).collect();
@@ -153,7 +153,10 @@ impl RedlockBackend {
                 let mut over = told.clone();
                 let kept: BatchKept = tokio::select! {
                     biased;
-                    kept = work => kept,
+                    kept = work => {
+                        health.note(i, &kept);
+                        kept
+                    }
                     _ = over.wait_for(Option::is_some) => {
                         let late = timeout_error("no answer before the renewal round was over");
                         Err(redis_error(server.server(), None, late).into())

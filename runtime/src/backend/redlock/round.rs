@@ -130,9 +130,11 @@ impl RedlockBackend {
         Fut: Future<Output = Result<T, LockError>> + Send + 'static,
     {
         self.fan_out(|server, tx, i| {
-            let call = call(server);
+            let (call, health) = (call(server), Arc::clone(&self.health));
             async move {
-                let _ = tx.send((i, call.await));
+                let reply = call.await;
+                health.note(i, &reply);
+                let _ = tx.send((i, reply));
             }
         })
     }

@@ -35,6 +35,7 @@ async fn a_release_forgets_the_lock_it_gives_back() {
         live: Live::default(),
         names: "none".into(),
         response: ms(100),
+        health: std::sync::Arc::new(super::Health::new(Vec::new(), &[])),
     };
     let (keys, token) = (LockKeys::new("t:", "k".to_owned()), LockToken::random());
     backend.live.enter(&token, "meta");
