@@ -324,6 +324,26 @@ async fn gone_or_free_is_said_only_by_a_quorum() {
     drop(guard);
 }
 
+/// One lock cycle on `health:<i>`, granted by two of three servers at least and released.
+async fn health_cycle(client: Client, i: usize) {
+    let guard = client.lock(format!("health:{i}")).ttl(secs(5)).acquire().await.expect("two of three grant");
+    assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
+}
+
+/// Lock cycles from `health:<from>` on until `logged()` holds (within 10 s, else the test fails saying `what`).
+async fn cycles_until(client: &Client, from: usize, what: &str, logged: impl Fn() -> bool) {
+    let mut i = from;
+    eventually(secs(10), what, || {
+        i += 1;
+        let cycle = health_cycle(client.clone(), i);
+        async {
+            cycle.await;
+            logged()
+        }
+    })
+    .await;
+}
+
 /// A server that goes down while the client runs is named in one WARN once three of its calls in a row failed
 /// (the locks go on, on the other two), and at INFO once it answers again. Before, nothing said so: the group
 /// ran on two of three servers unnoticed until one more failure would stop every lock.
@@ -333,44 +353,25 @@ async fn a_server_down_is_warned_of_once_and_its_return_is_told() {
     let mut fixture = Fixture::redlock().await;
     let client = fixture.client().clone();
     let down = fixture.redlock_servers().nth(1).expect("server 1").url();
-    let cycle = |i: usize| {
-        let client = client.clone();
-        async move {
-            let guard = client.lock(format!("health:{i}")).ttl(secs(5)).acquire().await.expect("two of three grant");
-            assert_eq!(guard.release().await.expect("release"), ReleaseOutcome::Released);
-        }
-    };
     for i in 0..3 {
-        cycle(i).await;
+        health_cycle(client.clone(), i).await;
     }
     assert!(captured.matching(Level::WARN, &["calls in a row", &down]).is_empty(), "{}", captured.dump());
 
     fixture.redlock_server_mut(1).kill();
-    let mut i = 3;
-    eventually(secs(10), "a warning naming the server down", || {
-        i += 1;
-        let cycle = cycle(i);
-        async {
-            cycle.await;
-            !captured.matching(Level::WARN, &["failed 3 calls in a row", &down]).is_empty()
-        }
+    cycles_until(&client, 3, "a warning naming the server down", || {
+        !captured.matching(Level::WARN, &["failed 3 calls in a row", &down]).is_empty()
     })
     .await;
     for i in 100..110 {
-        cycle(i).await;
+        health_cycle(client.clone(), i).await;
     }
     let warned = captured.matching(Level::WARN, &["calls in a row", &down]);
     assert_eq!(warned.len(), 1, "warned of more than once:\n{}", captured.dump());
 
     fixture.redlock_server_mut(1).restart();
-    let mut i = 200;
-    eventually(secs(10), "the server's return told", || {
-        i += 1;
-        let cycle = cycle(i);
-        async {
-            cycle.await;
-            !captured.matching(Level::INFO, &["answers again", &down]).is_empty()
-        }
+    cycles_until(&client, 200, "the server's return told", || {
+        !captured.matching(Level::INFO, &["answers again", &down]).is_empty()
     })
     .await;
 }
